@@ -1,0 +1,231 @@
+"""Apply on the host: journaled, atomic per file, re-checked, never following links.
+
+A pull first stages every file (fsynced) under the state dir, then writes an intent
+journal, then applies it. Each step of the journal is idempotent and guarded:
+- a write renames the staged file into place, only if the target still has the
+  size and mtime the scan saw (else it becomes a conflict, and nothing is lost);
+- a delete unlinks only a target that is unchanged since the scan;
+- before either, the old file is kept (hard-linked, or copied) in the undo dir.
+A run that finds an unfinished journal replays it before doing anything else, so a
+crash at any point ends with every file holding its old or its new content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filesync import helper
+from filesync.scan import hash_file
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(slots=True)
+class HostOp:
+    """One host change. ``expect`` is the target's (size, mtime_ns) at scan, or None."""
+
+    kind: str  # "write" or "delete"
+    path: str
+    expect: list[int] | None
+    staged: str | None = None
+    hash: str | None = None
+    mode: int = 0o644
+    mtime_ns: int = 0
+
+
+@dataclass(slots=True)
+class Journal:
+    """The intent of one apply: its ops and the state rows to commit when done."""
+
+    run_id: str
+    ops: list[HostOp] = field(default_factory=list)
+    ancestors: list[list[Any]] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)
+    #: ancestor rows of the touched paths before this apply, for ``filesync undo``
+    previous: list[list[Any]] = field(default_factory=list)
+    undo_dir: str = ""
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        data = json.dumps(asdict(self)).encode("utf-8", "surrogateescape")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    @classmethod
+    def load(cls, path: Path) -> Journal:
+        raw = json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
+        raw["ops"] = [HostOp(**op) for op in raw["ops"]]
+        return cls(**raw)
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """``done``, ``changed`` (target edited since the scan) or ``error``."""
+
+    op: HostOp
+    status: str
+    reason: str = ""
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, _DIR_FLAGS)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class HostTree:
+    """The host root, opened once; every access goes through its descriptor."""
+
+    def __init__(self, root: Path, undo_dir: Path | None) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.fd = os.open(root, _DIR_FLAGS)
+        self.undo_dir = undo_dir
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def apply(self, op: HostOp) -> OpResult:
+        """Carry out one op; safe to repeat after a crash."""
+        try:
+            parts = helper.split_rel(op.path)
+            pfd = helper.open_parent(self.fd, parts, op.kind == "write")
+        except FileNotFoundError:
+            return OpResult(op, "done" if op.kind == "delete" else "error", "parent vanished")
+        except (OSError, ValueError) as exc:
+            return OpResult(op, "error", helper._reason(exc))
+        try:
+            if op.kind == "write":
+                return self._write(pfd, parts, op)
+            return self._delete(pfd, parts, op)
+        except OSError as exc:
+            return OpResult(op, "error", helper._reason(exc))
+        finally:
+            os.close(pfd)
+
+    def _current(self, pfd: int, name: str) -> os.stat_result | None:
+        try:
+            return os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def _write(self, pfd: int, parts: list[str], op: HostOp) -> OpResult:
+        name = parts[-1]
+        st = self._current(pfd, name)
+        if not helper.unchanged(st, op.expect):
+            if st is not None and _holds(pfd, name, op.hash):
+                return OpResult(op, "done")  # replayed after a crash: already in place
+            return OpResult(op, "changed", "changed on the host during the run")
+        assert op.staged is not None
+        if st is not None:
+            self._keep(pfd, op.path, name)
+        self._place(pfd, name, Path(op.staged), op)
+        return OpResult(op, "done")
+
+    def _place(self, pfd: int, name: str, staged: Path, op: HostOp) -> None:
+        os.chmod(staged, op.mode & 0o777)
+        os.utime(staged, ns=(op.mtime_ns, op.mtime_ns))
+        try:
+            os.rename(staged, name, dst_dir_fd=pfd)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            self._copy_in(pfd, name, staged, op)
+        with contextlib.suppress(OSError):
+            os.fsync(pfd)
+
+    def _copy_in(self, pfd: int, name: str, staged: Path, op: HostOp) -> None:
+        temp = f"{helper.TEMP_PREFIX}{os.getpid()}.{time.monotonic_ns()}{helper.TEMP_SUFFIX}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(temp, flags, op.mode & 0o777, dir_fd=pfd)
+        try:
+            with open(staged, "rb") as src, os.fdopen(os.dup(fd), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.fchmod(fd, op.mode & 0o777)
+            os.utime(fd, ns=(op.mtime_ns, op.mtime_ns))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=pfd)
+            raise
+        os.close(fd)
+        os.rename(temp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        os.unlink(staged)
+
+    def _delete(self, pfd: int, parts: list[str], op: HostOp) -> OpResult:
+        st = self._current(pfd, parts[-1])
+        if st is None:
+            return OpResult(op, "done")
+        if not helper.unchanged(st, op.expect):
+            return OpResult(op, "changed", "changed on the host during the run")
+        self._keep(pfd, op.path, parts[-1])
+        result = helper.delete_file(self.fd, op.path, [st.st_size, st.st_mtime_ns])
+        if result[1] != "ok":
+            return OpResult(op, "changed" if result[1] == "changed" else "error", str(result[2]))
+        return OpResult(op, "done")
+
+    def _keep(self, pfd: int, rel: str, name: str) -> None:
+        """Keep the old file in the undo dir before it is replaced or deleted."""
+        if self.undo_dir is None:
+            return
+        dest = self.undo_dir / "files" / rel
+        if dest.exists():
+            return  # kept already by an earlier attempt of the same journal
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(name, dest, src_dir_fd=pfd, follow_symlinks=False)
+        except OSError:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=pfd)
+            with os.fdopen(fd, "rb") as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def _holds(pfd: int, name: str, digest: str | None) -> bool:
+    if digest is None:
+        return False
+    try:
+        return hash_file(name, dir_fd=pfd) == digest
+    except OSError:
+        return False
+
+
+def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
+    """Apply every op of ``journal`` in order and write the undo manifest."""
+    results = [tree.apply(op) for op in journal.ops]
+    if journal.undo_dir:
+        _write_undo_manifest(Path(journal.undo_dir), results, journal.previous)
+    return results
+
+
+def _write_undo_manifest(
+    undo_dir: Path, results: Iterable[OpResult], previous: list[list[Any]]
+) -> None:
+    rows = [
+        {"path": r.op.path, "kind": r.op.kind, "hash": r.op.hash,
+         "kept": (undo_dir / "files" / r.op.path).exists()}
+        for r in results if r.status == "done"
+    ]
+    undo_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"ops": rows, "previous": previous}
+    (undo_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")

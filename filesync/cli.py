@@ -1,0 +1,133 @@
+"""The ``filesync`` command line. Every subcommand takes ``LOCAL REMOTE`` in that order.
+
+Exit codes: 0 done (reported conflicts included), 1 failed, 2 usage, 3 refused by a
+safety guard. Expected failures print one line, ``filesync: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from filesync.errors import FilesyncError, UsageError
+
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = value[-1] if value and value[-1] in UNITS else ""
+    try:
+        return int(float(value[: len(value) - len(unit)]) * UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 2G") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, like every other failure
+        raise UsageError(f"{message} (see 'filesync {self.prog.split()[-1]} --help')")
+
+
+def _common(p: argparse.ArgumentParser, pair: bool = True) -> None:
+    if pair:
+        p.add_argument("local", metavar="LOCAL", help="host directory")
+        p.add_argument("remote", metavar="REMOTE",
+                       help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="gitignore-style pattern to exclude (repeatable)")
+    p.add_argument("--no-default-excludes", action="store_true",
+                   help="do not prune .git, node_modules, .hub, .curator_backups, ...")
+    p.add_argument("-n", "--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--state-dir", type=Path, help="state dir (env FILESYNC_STATE_DIR)")
+    p.add_argument("--force", action="store_true", help="override the safety guards")
+    p.add_argument("-F", "--ssh-config", type=Path, metavar="FILE", help="ssh config file")
+    p.add_argument("-i", "--identity", type=Path, metavar="FILE", help="private key file")
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   help="store an unknown host key (a changed key is always refused)")
+    p.add_argument("--via", metavar="CMD",
+                   help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
+    p.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another run on the same pair")
+    p.add_argument("--max-file-size", type=_size, default=1 << 30, metavar="SIZE")
+    p.add_argument("--max-pull-bytes", type=_size, default=2 << 30, metavar="SIZE")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-q", "--quiet", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
+    parser.add_argument("--version", action="version", version="filesync 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, text in (
+        ("push", "make the remote match the host (remote conflicts are saved first)"),
+        ("pull", "bring back what changed on the remote (host wins conflicts)"),
+        ("sync", "both ways; conflicts stay for 'filesync resolve'"),
+        ("status", "print the plan and open conflicts; change nothing"),
+        ("undo", "restore the host files the last pull replaced or deleted"),
+    ):
+        _common(sub.add_parser(name, help=text, description=text))
+    resolve = sub.add_parser("resolve", help="settle one conflict")
+    _common(resolve)
+    resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
+    resolve.add_argument("--keep", choices=("local", "remote"), required=True)
+    demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")
+    demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
+    snippet = sub.add_parser("profile-snippet", help="print an /etc/profile.d PATH snippet")
+    snippet.add_argument("dirs", nargs="+", metavar="DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (also used as the console script)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args_list
+    try:
+        args = build_parser().parse_args(args_list)
+        if args.command is None:
+            raise UsageError("no command given; run 'filesync --help' for the list")
+        code = _dispatch(args)
+    except FilesyncError as exc:
+        _fail(exc, json_mode)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("filesync: error: interrupted; rerun to finish, nothing was half-applied",
+              file=sys.stderr)
+        return 130
+    return code
+
+
+def _fail(exc: FilesyncError, json_mode: bool) -> None:
+    print(f"filesync: error: {exc.message}", file=sys.stderr)
+    if json_mode:
+        report = getattr(exc, "report", None)
+        out: dict[str, Any] = report.to_json() if report is not None else {}
+        out.update(error=exc.message, exit_code=exc.exit_code)
+        print(json.dumps(out))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "profile-snippet":
+        from filesync.profile_snippet import profile_snippet
+
+        try:
+            sys.stdout.write(profile_snippet(args.dirs))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return 0
+    if args.command == "demo":
+        from filesync.demo import run_demo
+
+        return run_demo(args.keep_dir)
+    from filesync.commands import run_command
+
+    return asyncio.run(run_command(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

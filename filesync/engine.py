@@ -1,0 +1,353 @@
+"""One pass over one pair: scan both sides, reconcile, then transition.
+
+The transition re-checks every target against the scan before touching it: the
+remote helper refuses to replace or delete a file whose size or mtime moved, and
+the host apply does the same through the journal. Whatever was not confirmed is
+not recorded, so the next run picks it up again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filesync.apply import HostTree, Journal, OpResult, run_journal
+from filesync.errors import FilesyncError, SafetyRefusal
+from filesync.exclude import ExcludeRule
+from filesync.model import Entry, Listing, Skipped
+from filesync.reconcile import Action, Direction, Kind, Version, reconcile
+from filesync.remote import FetchHeader, FetchSink, Outcome, RemoteSession, SendItem
+from filesync.scan import RACY_NS, HashingReader, LocalScan, filter_unsafe, new_hasher, scan_local
+from filesync.state import Ancestor, ConflictRecord, PairState
+from filesync.transport.base import Conduit
+
+MASS_DELETE_MIN = 20
+
+
+@dataclass
+class Options:
+    """How one pass runs. Defaults are the CLI's defaults."""
+
+    direction: Direction
+    rule: ExcludeRule = field(default_factory=ExcludeRule.build)
+    state_dir: Path = Path("~/.local/state/filesync")
+    dry_run: bool = False
+    force: bool = False
+    lock_timeout: float = 0.0
+    max_file_size: int = 1 << 30
+    max_pull_bytes: int = 2 << 30
+    log: Callable[[str], None] | None = None
+
+
+@dataclass
+class Report:
+    """What a pass did (or, dry-run, would do)."""
+
+    uploaded: int = 0
+    downloaded: int = 0
+    deleted_local: int = 0
+    deleted_remote: int = 0
+    conflicts: list[dict[str, str]] = field(default_factory=list)
+    excluded: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    plan: list[Action] = field(default_factory=list)
+    open_conflicts: list[ConflictRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uploaded": self.uploaded,
+            "downloaded": self.downloaded,
+            "deleted_local": self.deleted_local,
+            "deleted_remote": self.deleted_remote,
+            "conflicts": self.conflicts,
+            "excluded": self.excluded,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass(slots=True)
+class Staged:
+    """A fetched remote file, whole and fsynced under the staging dir."""
+
+    path: Path
+    hash: str
+    size: int
+    mode: int
+    mtime_ns: int
+
+
+class StagingSink(FetchSink):
+    """Writes fetched files into the staging dir, hashing while writing."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.staged: dict[str, Staged] = {}
+        self.failed_paths: dict[str, str] = {}
+        self._n = 0
+        self._fd = -1
+        self._hasher = new_hasher()
+        self._file = Path()
+
+    def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
+        if self._n == 0:
+            # Created lazily: recovery empties the staging area at the start of a run.
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self._n += 1
+        self._file = self.dir / f"{self._n}"
+        self._fd = os.open(self._file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._hasher = new_hasher()
+        return self._write
+
+    def _write(self, data: bytes) -> None:
+        self._hasher.update(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def end(self, head: FetchHeader, ok: bool, reason: str) -> None:
+        if ok:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        if not ok:
+            os.unlink(self._file)
+            self.failed(head.path, reason)
+            return
+        digest = str(self._hasher.hexdigest())
+        self.staged[head.path] = Staged(self._file, digest, head.size, head.mode & 0o777,
+                                        head.mtime_ns)
+
+    def failed(self, path: str, reason: str) -> None:
+        self.failed_paths[path] = reason
+
+
+def _version_of_ancestor(a: Ancestor) -> Version:
+    return Version(a.hash, a.mode)
+
+
+class Pass:
+    """One pass of one pair, holding its lock for its whole duration."""
+
+    def __init__(
+        self,
+        session: RemoteSession,
+        state: PairState,
+        local_root: Path,
+        remote_root: str,
+        opts: Options,
+    ) -> None:
+        self.session = session
+        self.state = state
+        self.local_root = local_root
+        self.remote_root = remote_root
+        self.opts = opts
+        self.run_id = f"{time.time_ns():020d}-{os.getpid()}"
+        self.report = Report()
+        self.sink = StagingSink(state.staging / self.run_id)
+        self.now = time.time_ns()
+        self.local_v: dict[str, Version] = {}
+        self.remote_v: dict[str, Version] = {}
+        self.ancestors: dict[str, Ancestor] = {}
+        self.full_conflicts: set[str] = set()
+
+    def log(self, message: str) -> None:
+        if self.opts.log is not None:
+            self.opts.log(message)
+
+    # -- scan -------------------------------------------------------------------
+
+    async def scan(self) -> tuple[dict[str, Ancestor], LocalScan, Listing]:
+        recover(self.state, self.local_root)
+        remote = await self.session.list_tree(self.remote_root, self.opts.rule)
+        filter_unsafe(remote)
+        local = scan_local(self.local_root, self.opts.rule, self.state.local_cache())
+        self.report.excluded = remote.excluded + local.listing.excluded
+        self.report.skipped += local.listing.skipped + remote.skipped
+        return self.state.ancestors(), local, remote
+
+    def guard_roots(self, anc: dict[str, Ancestor], local: Listing, remote: Listing) -> None:
+        """Refuse when a whole side looks reset while the ancestor says it held files."""
+        if not anc or self.opts.force:
+            return
+        d = self.opts.direction
+        if d is not Direction.PUSH and not remote.files():
+            raise SafetyRefusal(
+                f"remote root {self.remote_root} is missing or empty but {len(anc)} files were "
+                "synced before; if it was emptied on purpose, rerun with --force"
+            )
+        if d is not Direction.PULL and not local.files():
+            raise SafetyRefusal(
+                f"local root {self.local_root} is missing or empty but {len(anc)} files were "
+                "synced before (unmounted disk?); if it was emptied on purpose, rerun with --force"
+            )
+
+    # -- remote versions --------------------------------------------------------
+
+    def remote_versions(
+        self, anc: dict[str, Ancestor], local: LocalScan, remote: Listing
+    ) -> tuple[dict[str, Version], list[Entry]]:
+        """Versions known without reading the remote, and the candidates to fetch."""
+        cache = self.state.remote_cache()
+        known: dict[str, Version] = {}
+        fetch: list[Entry] = []
+        for rel, e in remote.files().items():
+            mode = e.mode & 0o777
+            a = anc.get(rel)
+            if a is not None and (e.size, e.mtime_ns, mode) == (
+                a.remote_size, a.remote_mtime_ns, a.mode
+            ) and a.remote_mtime_ns < a.synced_ns - RACY_NS:
+                known[rel] = Version(a.hash, mode)
+            elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
+                known[rel] = Version(cache[rel][2], mode)
+            elif e.size > self.opts.max_file_size:
+                self.report.skipped.append(Skipped(rel, "larger than --max-file-size"))
+            elif self.opts.direction is Direction.PUSH and a is None and (
+                rel not in local.hashes
+            ):
+                continue  # remote-only and never pushed: push leaves it alone
+            else:
+                fetch.append(e)
+        return known, fetch
+
+    async def fetch(self, entries: list[Entry]) -> None:
+        total = sum(e.size for e in entries)
+        if total > self.opts.max_pull_bytes and not self.opts.force:
+            raise SafetyRefusal(
+                f"this run would fetch {total} bytes, more than --max-pull-bytes "
+                f"{self.opts.max_pull_bytes}; raise the limit or exclude the large files"
+            )
+        if entries:
+            await self.session.fetch(self.remote_root, [e.path for e in entries], self.sink)
+
+    # -- plan -------------------------------------------------------------------
+
+    def plan(
+        self, anc: dict[str, Ancestor], local: LocalScan, remote: Listing,
+        known: dict[str, Version], fetched: Iterable[Entry],
+    ) -> list[Action]:
+        rv = dict(known)
+        for e in fetched:
+            staged = self.sink.staged.get(e.path)
+            if staged is None:
+                reason = self.sink.failed_paths.get(e.path, "vanished")
+                self.report.skipped.append(Skipped(e.path, f"remote: {reason}; retried next run"))
+                continue
+            rv[e.path] = Version(staged.hash, staged.mode)
+        lv = {p: Version(h, local.listing.entries[p].mode & 0o777) for p, h in local.hashes.items()}
+        av = {p: _version_of_ancestor(a) for p, a in anc.items()}
+        # A path whose remote version is unknown this run is left out entirely.
+        unknown = {e.path for e in remote.files().values()} - rv.keys()
+        unknown |= {s.path for s in self.report.skipped}
+        for table in (lv, av, rv):
+            for p in unknown:
+                table.pop(p, None)
+        self.local_v, self.remote_v, self.ancestors = lv, rv, anc
+        plan = reconcile(av, lv, rv, self.opts.direction)
+        self.full_conflicts = {a.path for a in plan if a.kind is Kind.CONFLICT}
+        return plan
+
+    def guard_deletions(self, plan: list[Action], anc: dict[str, Ancestor]) -> None:
+        deletes = sum(
+            1 for a in plan
+            if Kind.DELETE_LOCAL in (a.kind, a.then) or Kind.DELETE_REMOTE in (a.kind, a.then)
+        )
+        if deletes > MASS_DELETE_MIN and deletes * 2 > len(anc) and not self.opts.force:
+            raise SafetyRefusal(
+                f"this run would delete {deletes} of {len(anc)} tracked files; "
+                "check both roots, then rerun with --force if that is intended"
+            )
+
+
+async def run_pass(
+    conduit: Conduit,
+    local_root: Path,
+    remote_path: str,
+    opts: Options,
+    plan_filter: Callable[[list[Action]], list[Action]] | None = None,
+) -> Report:
+    """Run one pass; see ``filesync.transition`` for how the plan is carried out."""
+    from filesync.transition import transition
+
+    started = time.monotonic()
+    sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
+    session = await RemoteSession.start(conduit)
+    try:
+        remote_root = session.resolve_root(remote_path)
+        state = PairState.open(
+            opts.state_dir, str(local_root), conduit.identity, remote_root,
+            lock_timeout=opts.lock_timeout,
+        )
+        try:
+            p = Pass(session, state, local_root, remote_root, opts)
+            try:
+                anc, local, remote = await p.scan()
+                p.guard_roots(anc, local.listing, remote)
+                known, candidates = p.remote_versions(anc, local, remote)
+                await p.fetch(candidates)
+                plan = p.plan(anc, local, remote, known, candidates)
+                if plan_filter is not None:
+                    plan = plan_filter(plan)
+                p.guard_deletions(plan, anc)
+                p.report.plan = plan
+                if not opts.dry_run:
+                    await transition(p, anc, local, remote, plan)
+                p.report.open_conflicts = list(state.conflicts().values())
+            finally:
+                shutil.rmtree(p.sink.dir, ignore_errors=True)
+        finally:
+            state.close()
+    finally:
+        await session.close()
+    p.report.bytes_sent = conduit.bytes_sent - sent0
+    p.report.bytes_received = conduit.bytes_received - recv0
+    p.report.seconds = time.monotonic() - started
+    if p.report.errors:
+        raise TransferFailed(p.report)
+    return p.report
+
+
+class TransferFailed(FilesyncError):
+    """Some transfers failed; the confirmed ones are recorded, the rest retried next run."""
+
+    def __init__(self, report: Report) -> None:
+        first = report.errors[0]
+        more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
+        super().__init__(f"{first}{more}; fix the cause and rerun, nothing was half-applied")
+        self.report = report
+
+
+def recover(state: PairState, local_root: Path) -> None:
+    """Finish an apply that a crash interrupted, then drop stale staging dirs."""
+    if state.journal_path.exists():
+        journal = Journal.load(state.journal_path)
+        tree = HostTree(local_root, Path(journal.undo_dir) if journal.undo_dir else None)
+        try:
+            results = run_journal(tree, journal)
+        finally:
+            tree.close()
+        commit_journal(state, journal, results)
+    if state.staging.exists():
+        shutil.rmtree(state.staging, ignore_errors=True)
+
+
+def commit_journal(state: PairState, journal: Journal, results: list[OpResult]) -> None:
+    """Record the ancestors of the ops that were done, then retire the journal."""
+    done = {r.op.path for r in results if r.status == "done"}
+    rows = [(r[0], Ancestor(*r[1:])) for r in journal.ancestors if r[0] in done]
+    state.put_ancestors(rows)
+    state.forget([p for p in journal.forget if p in done])
+    state.journal_path.unlink(missing_ok=True)
+
+
+__all__ = ["HashingReader", "Options", "Outcome", "Pass", "Report", "SendItem", "run_pass"]

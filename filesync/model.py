@@ -1,0 +1,44 @@
+"""Plain data passed between scan, reconcile, apply and the transports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FILE = "f"
+DIR = "d"
+SYMLINK = "l"
+OTHER = "o"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One listed path. ``path`` is POSIX and relative to the root."""
+
+    path: str
+    kind: str
+    size: int
+    mtime_ns: int
+    mode: int
+    ino: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A path that was seen but deliberately not synced, with the reason."""
+
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Listing:
+    """What one side holds under its root, after the exclusion rule pruned it."""
+
+    root: str
+    exists: bool
+    entries: dict[str, Entry] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
+    excluded: int = 0
+
+    def files(self) -> dict[str, Entry]:
+        return {p: e for p, e in self.entries.items() if e.kind == FILE}

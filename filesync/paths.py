@@ -1,0 +1,39 @@
+"""Path mapping and path-safety checks: the one place that decides if a name is safe.
+
+Push, listing and pull all call ``unsafe_reason`` before a relative path is used,
+and ``host_path`` is the only mapping from a relative path to a host path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from filesync.helper import split_rel
+
+
+def unsafe_reason(rel: str) -> str | None:
+    """Why ``rel`` must not be synced, or ``None`` if it is safe.
+
+    Refused: empty, absolute, ``.``/``..`` or empty components, NUL or other control
+    characters (names with newlines break line-based tools on the other side), and
+    names that are not valid UTF-8.
+    """
+    try:
+        split_rel(rel)
+    except ValueError:
+        return "unsafe path (absolute, '..' or empty component)"
+    if any(ord(c) < 32 or c == "\x7f" for c in rel):
+        return "control character in name"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "name is not valid UTF-8"
+    return None
+
+
+def host_path(root: Path, rel: str) -> Path:
+    """``root / rel`` for a relative path already checked by ``unsafe_reason``."""
+    reason = unsafe_reason(rel)
+    if reason is not None:
+        raise ValueError(f"{rel!r}: {reason}")
+    return root.joinpath(*rel.split("/"))

@@ -1,0 +1,122 @@
+"""The host-side scan: walk with the exclusion rule, hash with a stat cache."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from filesync.exclude import ExcludeRule
+from filesync.helper import walk
+from filesync.model import FILE, Entry, Listing, Skipped
+from filesync.paths import unsafe_reason
+
+CHUNK = 1 << 20
+#: A file modified this close to the scan may be modified again within the same
+#: timestamp tick, so its hash is not cached (the racy-timestamp rule).
+RACY_NS = 2_000_000_000
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def new_hasher() -> xxhash.xxh3_128:
+    return xxhash.xxh3_128()
+
+
+def hash_fd(fd: int) -> str:
+    """xxh3-128 of the bytes readable from ``fd``."""
+    hasher = new_hasher()
+    while chunk := os.read(fd, CHUNK):
+        hasher.update(chunk)
+    return str(hasher.hexdigest())
+
+
+def hash_file(path: str | Path, dir_fd: int | None = None) -> str:
+    """xxh3-128 of a file's bytes (symlinks are not followed)."""
+    fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class LocalScan:
+    """The host tree: its listing, each file's hash, and the stat cache to persist."""
+
+    listing: Listing
+    hashes: dict[str, str] = field(default_factory=dict)
+    cache_rows: list[tuple[str, int, int, int, str]] = field(default_factory=list)
+
+
+def filter_unsafe(listing: Listing) -> None:
+    """Move entries whose names fail the path-safety check to ``skipped``."""
+    for rel in list(listing.entries):
+        reason = unsafe_reason(rel)
+        if reason is not None:
+            del listing.entries[rel]
+            listing.skipped.append(Skipped(rel, reason))
+
+
+def list_local(root: Path, rule: ExcludeRule) -> Listing:
+    """List regular files under ``root`` with the same walk the remote helper runs."""
+    if not root.is_dir():
+        return Listing(str(root), root.exists())
+    rows, skipped, excluded = walk(str(root), rule.matcher())
+    listing = Listing(str(root), True, excluded=excluded)
+    for rel, kind, size, mtime_ns, mode, ino, _nlink in rows:
+        listing.entries[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
+    listing.skipped = [Skipped(p, r) for p, r in skipped]
+    filter_unsafe(listing)
+    return listing
+
+
+def scan_local(
+    root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
+) -> LocalScan:
+    """List and hash the host tree, re-reading only files whose stat changed."""
+    now = time.time_ns()
+    scan = LocalScan(list_local(root, rule))
+    for rel, entry in list(scan.listing.entries.items()):
+        if entry.kind != FILE:
+            continue
+        cached = cache.get(rel)
+        if cached is not None and cached[:3] == (entry.size, entry.mtime_ns, entry.ino):
+            digest = cached[3]
+        else:
+            try:
+                digest = hash_file(root / rel)
+            except OSError as exc:
+                del scan.listing.entries[rel]
+                scan.listing.skipped.append(Skipped(rel, f"unreadable: {exc.strerror}"))
+                continue
+        scan.hashes[rel] = digest
+        if entry.mtime_ns < now - RACY_NS:
+            scan.cache_rows.append((rel, entry.size, entry.mtime_ns, entry.ino, digest))
+    return scan
+
+
+class HashingReader:
+    """Reads a file in chunks for upload, hashing exactly the bytes handed out."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.hasher = new_hasher()
+        self.size = 0
+
+    def __call__(self) -> Iterator[bytes]:
+        fd = os.open(self.path, _READ_FLAGS)
+        try:
+            while chunk := os.read(fd, CHUNK):
+                self.hasher.update(chunk)
+                self.size += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+
+    @property
+    def digest(self) -> str:
+        return str(self.hasher.hexdigest())

@@ -1,0 +1,217 @@
+"""Persistent per-pair state in SQLite: the ancestor, caches, conflicts, the lock.
+
+One directory per (local root, remote identity, remote root) pair under the state
+dir, holding ``state.db``, ``lock``, ``staging/``, ``conflicts/`` and ``undo/``.
+The ancestor row of a path is written only after the transfer it describes was
+confirmed, so a crash at any point leaves a state the next run can reconcile from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from filesync.errors import FilesyncError, LockBusy
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ancestor(
+    path TEXT PRIMARY KEY, hash TEXT NOT NULL, size INTEGER NOT NULL, mode INTEGER NOT NULL,
+    remote_size INTEGER NOT NULL, remote_mtime_ns INTEGER NOT NULL, synced_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS local_cache(
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ino INTEGER, hash TEXT);
+CREATE TABLE IF NOT EXISTS remote_cache(
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, hash TEXT);
+CREATE TABLE IF NOT EXISTS conflicts(
+    path TEXT PRIMARY KEY, local_hash TEXT, remote_hash TEXT, saved_to TEXT,
+    created_ns INTEGER);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Ancestor:
+    """What both sides held after the last confirmed transfer of one path."""
+
+    hash: str
+    size: int
+    mode: int
+    remote_size: int
+    remote_mtime_ns: int
+    synced_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRecord:
+    path: str
+    local_hash: str | None
+    remote_hash: str | None
+    saved_to: str | None
+
+
+def default_state_dir() -> Path:
+    """``$FILESYNC_STATE_DIR``, else ``$XDG_STATE_HOME/filesync``, else ``~/.local/state``."""
+    env = os.environ.get("FILESYNC_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(xdg) / "filesync"
+
+
+def pair_key(local_root: str, remote_identity: str, remote_root: str) -> str:
+    """A stable directory name for one pair."""
+    raw = f"{local_root}\n{remote_identity}\n{remote_root}".encode("utf-8", "surrogateescape")
+    return xxhash.xxh3_64_hexdigest(raw)
+
+
+class PairState:
+    """The state of one pair, held under its lock for the lifetime of a run."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.staging = directory / "staging"
+        self.conflicts_dir = directory / "conflicts"
+        self.undo_dir = directory / "undo"
+        self.journal_path = directory / "journal.json"
+        self._lock_fd = -1
+        self.db: sqlite3.Connection | None = None
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: Path,
+        local_root: str,
+        remote_identity: str,
+        remote_root: str,
+        *,
+        lock_timeout: float = 0.0,
+    ) -> PairState:
+        """Open (creating) the pair's state and take its lock, or raise ``LockBusy``."""
+        directory = state_dir / "pairs" / pair_key(local_root, remote_identity, remote_root)
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise FilesyncError(
+                f"cannot create state dir {directory}: {exc.strerror}; "
+                "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
+            ) from exc
+        state = cls(directory)
+        state._lock(lock_timeout)
+        state._connect()
+        info = {"local": local_root, "remote": remote_identity, "remote_root": remote_root}
+        (directory / "pair.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        return state
+
+    def _lock(self, timeout: float) -> None:
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    os.close(fd)
+                    raise LockBusy(
+                        f"another filesync run (pid {holder}) is syncing this pair; "
+                        "wait for it to finish or pass --lock-timeout SECONDS"
+                    ) from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _connect(self) -> None:
+        db = sqlite3.connect(self.dir / "state.db", isolation_level=None, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self.db = db
+
+    def close(self) -> None:
+        """Close the database and release the lock. Safe to call twice."""
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        assert self.db is not None, "state is closed"
+        return self.db
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: all of it lands, or none of it."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- ancestor ---------------------------------------------------------------
+
+    def ancestors(self) -> dict[str, Ancestor]:
+        rows = self.conn.execute(
+            "SELECT path, hash, size, mode, remote_size, remote_mtime_ns, synced_ns FROM ancestor"
+        )
+        return {r[0]: Ancestor(*r[1:]) for r in rows}
+
+    def put_ancestors(self, rows: Iterable[tuple[str, Ancestor]]) -> None:
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO ancestor VALUES (?,?,?,?,?,?,?)",
+                [(p, a.hash, a.size, a.mode, a.remote_size, a.remote_mtime_ns, a.synced_ns)
+                 for p, a in rows],
+            )
+
+    def forget(self, paths: Iterable[str]) -> None:
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM ancestor WHERE path=?", [(p,) for p in paths])
+
+    # -- caches -----------------------------------------------------------------
+
+    def local_cache(self) -> dict[str, tuple[int, int, int, str]]:
+        rows = self.conn.execute("SELECT path, size, mtime_ns, ino, hash FROM local_cache")
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
+    def replace_local_cache(self, rows: Iterable[tuple[str, int, int, int, str]]) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM local_cache")
+            conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", list(rows))
+
+    def remote_cache(self) -> dict[str, tuple[int, int, str]]:
+        rows = self.conn.execute("SELECT path, size, mtime_ns, hash FROM remote_cache")
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def put_remote_cache(self, rows: Iterable[tuple[str, int, int, str]]) -> None:
+        with self.transaction() as conn:
+            conn.executemany("INSERT OR REPLACE INTO remote_cache VALUES (?,?,?,?)", list(rows))
+
+    # -- conflicts ----------------------------------------------------------------
+
+    def conflicts(self) -> dict[str, ConflictRecord]:
+        rows = self.conn.execute("SELECT path, local_hash, remote_hash, saved_to FROM conflicts")
+        return {r[0]: ConflictRecord(*r) for r in rows}
+
+    def set_conflicts(self, records: Iterable[ConflictRecord], cleared: Iterable[str]) -> None:
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM conflicts WHERE path=?", [(p,) for p in cleared])
+            conn.executemany(
+                "INSERT OR REPLACE INTO conflicts VALUES (?,?,?,?,?)",
+                [(c.path, c.local_hash, c.remote_hash, c.saved_to, time.time_ns())
+                 for c in records],
+            )

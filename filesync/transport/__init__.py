@@ -1,0 +1,1 @@
+"""Conduits: ways to run a command on the remote side with stdin/stdout pipes."""

@@ -1,0 +1,111 @@
+"""The local conduit: commands run in a local ``sh`` subprocess.
+
+Used for ``file://`` remotes and by the tests, so that the local transport
+exercises exactly the helper protocol the SSH transport speaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from filesync.errors import ConnectionLost
+from filesync.transport.base import Conduit, RemoteProcess
+
+
+class SubprocessProcess(RemoteProcess):
+    """A remote process backed by a local asyncio subprocess."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, counters: list[int]) -> None:
+        self._proc = proc
+        self._counters = counters
+
+    async def write(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ConnectionLost(
+                f"remote process closed its input ({exc}); rerun to recover"
+            ) from exc
+        self._counters[0] += len(data)
+
+    async def write_eof(self) -> None:
+        assert self._proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._proc.stdin.close()
+
+    async def readexactly(self, n: int) -> bytes:
+        assert self._proc.stdout is not None
+        try:
+            data = await self._proc.stdout.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionLost("remote process ended mid-stream; rerun to recover") from exc
+        self._counters[1] += n
+        return data
+
+    async def read(self, n: int) -> bytes:
+        assert self._proc.stdout is not None
+        data = await self._proc.stdout.read(n)
+        self._counters[1] += len(data)
+        return data
+
+    async def read_stderr(self) -> bytes:
+        assert self._proc.stderr is not None
+        return await self._proc.stderr.read()
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+
+
+class CommandConduit(Conduit):
+    """Runs each command as ``PREFIX sh -c COMMAND`` (PREFIX empty for local)."""
+
+    def __init__(self, prefix: list[str], identity: str) -> None:
+        self._prefix = prefix
+        self.identity = identity
+        self._counters = [0, 0]
+        self._procs: list[SubprocessProcess] = []
+
+    async def start(self, command: str) -> RemoteProcess:
+        argv = [*self._prefix, "sh", "-c", command]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=1 << 20,
+            )
+        except OSError as exc:
+            raise ConnectionLost(
+                f"cannot start {argv[0]!r}: {exc.strerror}; check the command"
+            ) from exc
+        wrapped = SubprocessProcess(proc, self._counters)
+        self._procs.append(wrapped)
+        return wrapped
+
+    async def close(self) -> None:
+        for proc in self._procs:
+            proc.kill()
+            with contextlib.suppress(Exception):
+                await proc.wait()
+        self._procs.clear()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._counters[0]
+
+    @property
+    def bytes_received(self) -> int:
+        return self._counters[1]
+
+
+def local_conduit() -> CommandConduit:
+    """A conduit that runs commands on this machine."""
+    return CommandConduit([], "local")
