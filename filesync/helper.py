@@ -200,6 +200,12 @@ def unchanged(st: os.stat_result | None, expect: list[int] | None) -> bool:
     return st.st_size == expect[0] and st.st_mtime_ns == expect[1]
 
 
+#: Reasons that mean "refused for safety", not "failed": the path is skipped.
+SAFETY_REASONS = frozenset(
+    {"unsafe path", "symlink in path (not followed)", "a parent is not a directory"}
+)
+
+
 def _reason(exc: BaseException) -> str:
     if not isinstance(exc, OSError):
         return "unsafe path"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from filesync.apply import HostOp, HostTree, Journal, OpResult, run_journal
 from filesync.engine import commit_journal
+from filesync.helper import SAFETY_REASONS
 from filesync.model import Listing, Skipped
 from filesync.reconcile import Action, Kind, Version
 from filesync.remote import SendItem
@@ -129,6 +130,8 @@ async def _upload(p: Pass, local: LocalScan, remote: Listing, plan: list[Action]
 def _failed(p: Pass, path: str, status: str, reason: str, what: str) -> None:
     if status == "changed":
         p.report.skipped.append(Skipped(path, f"{reason}; retried next run"))
+    elif reason in SAFETY_REASONS:
+        p.report.skipped.append(Skipped(path, f"{what} refused: {reason}"))
     else:
         p.report.skipped.append(Skipped(path, f"{what} failed: {reason}"))
         p.report.errors.append(f"{what} of {path} failed: {reason}")

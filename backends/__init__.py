@@ -1,0 +1,14 @@
+"""Terminal backends for agent frameworks, built on filesync (filesync never imports backends).
+
+A terminal session snapshots a login shell's environment once, restores the launch PATH that
+Debian's ``/etc/profile`` throws away, and applies the HOME mode to its children. See
+``docs/terminal.md``.
+"""
+
+from backends._session import RunResult
+from backends.env import restore_path
+from backends.local import LocalTerminal
+
+# SSHTerminal (backends/ssh.py) is added by the lead: import it here and list it in __all__.
+
+__all__ = ["LocalTerminal", "RunResult", "restore_path"]
