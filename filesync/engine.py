@@ -21,7 +21,14 @@ from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.exclude import ExcludeRule
 from filesync.model import Entry, Listing, Skipped
 from filesync.reconcile import Action, Direction, Kind, Version, reconcile
-from filesync.remote import FetchHeader, FetchSink, Outcome, RemoteSession, SendItem
+from filesync.remote import (
+    FetchHeader,
+    FetchSink,
+    NoPython,
+    Outcome,
+    RemoteSession,
+    SendItem,
+)
 from filesync.scan import RACY_NS, HashingReader, LocalScan, filter_unsafe, new_hasher, scan_local
 from filesync.state import Ancestor, ConflictRecord, PairState
 from filesync.transport.base import Conduit
@@ -281,7 +288,7 @@ async def run_pass(
 
     started = time.monotonic()
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
-    session = await RemoteSession.start(conduit)
+    session = await open_session(conduit, opts.log)
     try:
         remote_root = session.resolve_root(remote_path)
         state = PairState.open(
@@ -325,6 +332,20 @@ class TransferFailed(FilesyncError):
         more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
         super().__init__(f"{first}{more}; fix the cause and rerun, nothing was half-applied")
         self.report = report
+
+
+async def open_session(
+    conduit: Conduit, log: Callable[[str], None] | None = None
+) -> RemoteSession:
+    """Start the python3 helper on the remote, or the POSIX fallback where it has none."""
+    try:
+        return await RemoteSession.start(conduit)
+    except NoPython:
+        from filesync.posix_remote import PosixSession
+
+        if log is not None:
+            log("remote has no python3: using the POSIX fallback (sh, find, tar)")
+        return await PosixSession.start(conduit)
 
 
 def recover(state: PairState, local_root: Path) -> None:

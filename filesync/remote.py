@@ -77,6 +77,10 @@ class FetchHeader:
     mode: int
 
 
+class NoPython(TransportError):
+    """The remote has no python3: the caller may fall back to the POSIX path."""
+
+
 class FetchSink:
     """Receives fetched files. ``begin`` returns a writer; ``end`` says if it was whole."""
 
@@ -107,7 +111,7 @@ class RemoteSession:
         if first != b"J":
             rest = first + await _drain(proc)
             if rest.startswith(NO_PYTHON):
-                raise TransportError(
+                raise NoPython(
                     "the remote has no python3; install python3 there "
                     "(the POSIX fallback needs tar and find)"
                 )

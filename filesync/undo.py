@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from filesync.apply import HostOp, HostTree
-from filesync.engine import Options, recover
+from filesync.engine import Options, open_session, recover
 from filesync.errors import FilesyncError
-from filesync.remote import RemoteSession
 from filesync.scan import hash_file
 from filesync.state import Ancestor, PairState
 from filesync.transport.base import Conduit
@@ -26,7 +25,7 @@ async def undo_last(
     conduit: Conduit, local_root: Path, remote_path: str, opts: Options
 ) -> list[str]:
     """Undo the last pull of this pair; returns the restored paths."""
-    session = await RemoteSession.start(conduit)
+    session = await open_session(conduit, opts.log)
     try:
         root = session.resolve_root(remote_path)
         state = PairState.open(
