@@ -30,14 +30,25 @@ def _size(text: str) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, like every other failure
-        raise UsageError(f"{message} (see 'filesync {self.prog.split()[-1]} --help')")
+        command = " ".join(self.prog.split()[1:])
+        raise UsageError(f"{message} (see 'filesync {command + ' ' if command else ''}--help')")
 
 
-def _common(p: argparse.ArgumentParser, pair: bool = True) -> None:
+def _common(
+    p: argparse.ArgumentParser, pair: bool = True, fanout: bool = False, config: bool = True
+) -> None:
     if pair:
-        p.add_argument("local", metavar="LOCAL", help="host directory")
+        p.add_argument("local", metavar="LOCAL", nargs="?" if config else None,
+                       help="host directory")
         p.add_argument("remote", metavar="REMOTE",
-                       help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path")
+                       nargs="*" if fanout else ("?" if config else None),
+                       help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path"
+                       " (push takes several: it fans out to all of them at once)")
+    if config:
+        p.add_argument("--config", type=Path, metavar="FILE",
+                       help="filesync.toml with remotes and mappings, instead of LOCAL REMOTE")
+    else:
+        p.set_defaults(config=None)
     p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                    help="gitignore-style pattern to exclude (repeatable)")
     p.add_argument("--no-default-excludes", action="store_true",
@@ -71,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "print the plan and open conflicts; change nothing"),
         ("undo", "restore the host files the last pull replaced or deleted"),
     ):
-        _common(sub.add_parser(name, help=text, description=text))
+        _common(sub.add_parser(name, help=text, description=text),
+                fanout=name == "push", config=name != "undo")
     resolve = sub.add_parser("resolve", help="settle one conflict")
-    _common(resolve)
+    _common(resolve, config=False)
     resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
     resolve.add_argument("--keep", choices=("local", "remote"), required=True)
     demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filesync.config import load_config
 from filesync.engine import Options, Report, run_pass
 from filesync.errors import FilesyncError, UsageError
 from filesync.exclude import ExcludeRule
+from filesync.mapping import UPLOAD_ONLY
 from filesync.reconcile import Action, Direction, Kind
 from filesync.state import default_state_dir
 from filesync.target import ConnectOptions, Target, open_conduit, parse_remote
@@ -29,11 +34,13 @@ def _local_root(text: str) -> Path:
     return root.resolve()
 
 
-def options_from(args: argparse.Namespace, direction: Direction, local: Path) -> Options:
-    """Engine options from parsed arguments."""
+def options_from(
+    args: argparse.Namespace, direction: Direction, local: Path, extra: Sequence[str] = ()
+) -> Options:
+    """Engine options from parsed arguments (``extra``: more exclude patterns)."""
     try:
         rule = ExcludeRule.build(
-            args.exclude, default_excludes=not args.no_default_excludes, root=local
+            [*args.exclude, *extra], default_excludes=not args.no_default_excludes, root=local
         )
     except (ValueError, TypeError) as exc:
         raise UsageError(f"bad --exclude pattern ({exc}); use gitignore syntax") from None
@@ -59,29 +66,95 @@ def connect_options(args: argparse.Namespace) -> ConnectOptions:
     )
 
 
-async def run_command(args: argparse.Namespace) -> int:
-    """Run push/pull/sync/status/resolve/undo for one pair."""
-    local = _local_root(args.local)
-    target = parse_remote(args.remote, args.via)
-    if args.command == "undo":
-        from filesync.undo import undo_last
+@dataclass
+class Job:
+    """Passes that share one connection: one remote, one or more mappings."""
 
-        undo_opts = options_from(args, Direction.PULL, local)
-        restored = await _with_conduit(
-            target, args, lambda c: undo_last(c, local, target.path, undo_opts)
-        )
-        _print_undo(args, restored)
-        return 0
+    target: Target
+    passes: list[tuple[str, Path, str, Options]]  # (label, local root, remote path, opts)
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    """Run push/pull/sync/status/resolve/undo."""
+    if args.config is not None:
+        return await _run_jobs(args, _config_jobs(args))
+    if isinstance(args.remote, str):
+        args.remote = [args.remote]
+    if args.local is None or not args.remote:
+        raise UsageError("give LOCAL REMOTE (or --config FILE)")
+    if len(args.remote) > 1 and args.command != "push":
+        raise UsageError(f"'{args.command}' takes one REMOTE; only push fans out to several")
+    local = _local_root(args.local)
+    if args.command == "undo":
+        return await _undo(args, local, parse_remote(args.remote[0], args.via))
     direction = {"push": Direction.PUSH, "pull": Direction.PULL}.get(args.command, Direction.SYNC)
-    opts = options_from(args, direction, local)
+    jobs = []
+    for text in args.remote:
+        target = parse_remote(text, args.via)
+        opts = options_from(args, direction, local)
+        jobs.append(Job(target, [(target.label(), local, target.path, opts)]))
+    return await _run_jobs(args, jobs)
+
+
+async def _undo(args: argparse.Namespace, local: Path, target: Target) -> int:
+    from filesync.undo import undo_last
+
+    opts = options_from(args, Direction.PULL, local)
+    restored = await _with_conduit(target, args, lambda c: undo_last(c, local, target.path, opts))
+    _print_undo(args, restored)
+    return 0
+
+
+def _config_jobs(args: argparse.Namespace) -> list[Job]:
+    config = load_config(args.config)
+    direction = {"push": Direction.PUSH, "pull": Direction.PULL}.get(args.command, Direction.SYNC)
+    if args.command not in ("push", "pull", "sync", "status"):
+        raise UsageError(f"--config works with push, pull, sync and status, not {args.command}")
+    jobs = []
+    for remote in config.remotes:
+        passes = []
+        for spec in config.mappings:
+            mine = direction
+            if spec.mapping.mode == UPLOAD_ONLY:
+                if direction is Direction.PULL:
+                    continue  # upload-only: never written back
+                mine = Direction.PUSH
+            local = _local_root(spec.mapping.local)
+            target = config.target(remote, spec)
+            opts = options_from(args, mine, local,
+                                [*spec.exclude, *config.nested_excludes(spec)])
+            passes.append((f"{target.label()}", local, target.path, opts))
+        jobs.append(Job(config.target(remote, config.mappings[0]), passes))
+    return jobs
+
+
+async def _run_jobs(args: argparse.Namespace, jobs: list[Job]) -> int:
     plan_filter = _resolve_filter(args) if args.command == "resolve" else None
 
-    async def go(conduit: Any) -> Report:
-        return await run_pass(conduit, local, target.path, opts, plan_filter)
+    async def one(job: Job) -> list[tuple[str, Report | FilesyncError]]:
+        out: list[tuple[str, Report | FilesyncError]] = []
+        try:
+            conduit = await open_conduit(job.target, connect_options(args))
+        except FilesyncError as exc:
+            return [(label, exc) for label, *_ in job.passes]
+        try:
+            for label, local, path, opts in job.passes:
+                try:
+                    out.append((label, await run_pass(conduit, local, path, opts, plan_filter)))
+                except FilesyncError as exc:
+                    out.append((label, exc))
+        finally:
+            await conduit.close()
+        return out
 
-    report = await _with_conduit(target, args, go)
-    _print_report(args, report)
-    return 0
+    results = [r for rs in await asyncio.gather(*(one(j) for j in jobs)) for r in rs]
+    if len(results) == 1:
+        _label, result = results[0]
+        if isinstance(result, FilesyncError):
+            raise result
+        _print_report(args, result)
+        return 0
+    return _print_many(args, results)
 
 
 async def _with_conduit(target: Target, args: argparse.Namespace, fn: Any) -> Any:
@@ -90,6 +163,32 @@ async def _with_conduit(target: Target, args: argparse.Namespace, fn: Any) -> An
         return await fn(conduit)
     finally:
         await conduit.close()
+
+
+def _print_many(args: argparse.Namespace, results: list[tuple[str, Report | FilesyncError]]) -> int:
+    """Several pairs: one JSON object with per-pair entries and summed counters."""
+    code = 0
+    rows: list[dict[str, Any]] = []
+    for label, result in results:
+        if isinstance(result, FilesyncError):
+            code = max(code, result.exit_code)
+            rows.append({"remote": label, "error": result.message,
+                         "exit_code": result.exit_code})
+            print(f"filesync: error: {label}: {result.message}", file=sys.stderr)
+        else:
+            rows.append({"remote": label, **result.to_json()})
+            if not args.json:
+                print(f"[{label}] ", end="")
+                _print_report(args, result)
+    if args.json:
+        total: dict[str, Any] = {k: sum(r.get(k, 0) for r in rows) for k in _COUNTS}
+        total["remotes"] = rows
+        print(json.dumps(total))
+    return code
+
+
+_COUNTS = ("uploaded", "downloaded", "deleted_local", "deleted_remote", "excluded",
+           "bytes_sent", "bytes_received")
 
 
 def _resolve_filter(args: argparse.Namespace) -> Any:
