@@ -8,7 +8,6 @@ Debian's ``/etc/profile`` throws away, and applies the HOME mode to its children
 from backends._session import RunResult
 from backends.env import restore_path
 from backends.local import LocalTerminal
+from backends.ssh import SSHTerminal
 
-# SSHTerminal (backends/ssh.py) is added by the lead: import it here and list it in __all__.
-
-__all__ = ["LocalTerminal", "RunResult", "restore_path"]
+__all__ = ["LocalTerminal", "RunResult", "SSHTerminal", "restore_path"]
