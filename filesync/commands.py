@@ -16,6 +16,7 @@ from filesync.engine import Options, Report, run_pass
 from filesync.errors import FilesyncError, UsageError
 from filesync.exclude import ExcludeRule
 from filesync.mapping import UPLOAD_ONLY
+from filesync.progress import tty_progress
 from filesync.reconcile import Action, Direction, Kind
 from filesync.state import default_state_dir
 from filesync.target import ConnectOptions, Target, open_conduit, parse_remote
@@ -54,6 +55,7 @@ def options_from(
         max_file_size=args.max_file_size,
         max_pull_bytes=args.max_pull_bytes,
         log=_log(args),
+        progress=tty_progress(not (args.json or args.quiet)),
     )
 
 

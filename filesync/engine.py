@@ -20,6 +20,7 @@ from filesync.apply import HostTree, Journal, OpResult, run_journal
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.exclude import ExcludeRule
 from filesync.model import Entry, Listing, Skipped
+from filesync.progress import Progress
 from filesync.reconcile import Action, Direction, Kind, Version, reconcile
 from filesync.remote import (
     FetchHeader,
@@ -49,6 +50,7 @@ class Options:
     max_file_size: int = 1 << 30
     max_pull_bytes: int = 2 << 30
     log: Callable[[str], None] | None = None
+    progress: Progress | None = None
 
 
 @dataclass
@@ -106,6 +108,7 @@ class StagingSink(FetchSink):
         self._fd = -1
         self._hasher = new_hasher()
         self._file = Path()
+        self.progress: Callable[[int], None] | None = None
 
     def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
         if self._n == 0:
@@ -118,6 +121,8 @@ class StagingSink(FetchSink):
         return self._write
 
     def _write(self, data: bytes) -> None:
+        if self.progress is not None:
+            self.progress(len(data))
         self._hasher.update(data)
         view = memoryview(data)
         while view:
@@ -234,8 +239,18 @@ class Pass:
                 f"this run would fetch {total} bytes, more than --max-pull-bytes "
                 f"{self.opts.max_pull_bytes}; raise the limit or exclude the large files"
             )
-        if entries:
+        if not entries:
+            return
+        bar = self.opts.progress
+        if bar is not None:
+            bar.begin("fetch", total)
+            self.sink.progress = bar.advance
+        try:
             await self.session.fetch(self.remote_root, [e.path for e in entries], self.sink)
+        finally:
+            if bar is not None:
+                bar.end()
+                self.sink.progress = None
 
     # -- plan -------------------------------------------------------------------
 

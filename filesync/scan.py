@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,10 +102,11 @@ def scan_local(
 class HashingReader:
     """Reads a file in chunks for upload, hashing exactly the bytes handed out."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, progress: Callable[[int], None] | None = None) -> None:
         self.path = path
         self.hasher = new_hasher()
         self.size = 0
+        self.progress = progress
 
     def __call__(self) -> Iterator[bytes]:
         fd = os.open(self.path, _READ_FLAGS)
@@ -113,6 +114,8 @@ class HashingReader:
             while chunk := os.read(fd, CHUNK):
                 self.hasher.update(chunk)
                 self.size += len(chunk)
+                if self.progress is not None:
+                    self.progress(len(chunk))
                 yield chunk
         finally:
             os.close(fd)

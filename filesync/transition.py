@@ -104,19 +104,27 @@ async def _upload(p: Pass, local: LocalScan, remote: Listing, plan: list[Action]
     items: list[SendItem] = []
     readers: dict[str, HashingReader] = {}
     rfiles = remote.files()
+    bar = p.opts.progress
     for a in plan:
         if not _ends_in(a, Kind.UPLOAD):
             continue
         entry = local.listing.entries[a.path]
-        reader = HashingReader(p.local_root / a.path)
+        reader = HashingReader(p.local_root / a.path, bar.advance if bar else None)
         readers[a.path] = reader
         target = rfiles.get(a.path)
         expect = (target.size, target.mtime_ns) if target else None
         items.append(SendItem(a.path, entry.mode & 0o777, entry.mtime_ns, expect, reader))
     if not items:
         return
+    if bar is not None:
+        bar.begin("upload", sum(local.listing.entries[i.path].size for i in items))
+    try:
+        outcomes = await p.session.send(p.remote_root, items)
+    finally:
+        if bar is not None:
+            bar.end()
     rows = []
-    for out in await p.session.send(p.remote_root, items):
+    for out in outcomes:
         if out.status == "ok":
             r = readers[out.path]
             mode = local.listing.entries[out.path].mode & 0o777
