@@ -84,8 +84,6 @@ async def run_command(args: argparse.Namespace) -> int:
         args.remote = [args.remote]
     if args.local is None or not args.remote:
         raise UsageError("give LOCAL REMOTE (or --config FILE)")
-    if len(args.remote) > 1 and args.command != "push":
-        raise UsageError(f"'{args.command}' takes one REMOTE; only push fans out to several")
     local = _local_root(args.local)
     if args.command == "undo":
         return await _undo(args, local, parse_remote(args.remote[0], args.via))
