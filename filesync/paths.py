@@ -6,6 +6,7 @@ and ``host_path`` is the only mapping from a relative path to a host path.
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 from filesync.helper import split_rel
@@ -15,14 +16,14 @@ def unsafe_reason(rel: str) -> str | None:
     """Why ``rel`` must not be synced, or ``None`` if it is safe.
 
     Refused: empty, absolute, ``.``/``..`` or empty components, NUL or other control
-    characters (names with newlines break line-based tools on the other side), and
+    characters (C0, DEL and C1) (names with newlines break line-based tools on the other side), and
     names that are not valid UTF-8.
     """
     try:
         split_rel(rel)
     except ValueError:
         return "unsafe path (absolute, '..' or empty component)"
-    if any(ord(c) < 32 or c == "\x7f" for c in rel):
+    if any(unicodedata.category(c) == "Cc" for c in rel):
         return "control character in name"
     try:
         rel.encode("utf-8")

@@ -67,7 +67,10 @@ def default_state_dir() -> Path:
 
 def pair_key(local_root: str, remote_identity: str, remote_root: str) -> str:
     """A stable directory name for one pair."""
-    raw = f"{local_root}\n{remote_identity}\n{remote_root}".encode("utf-8", "surrogateescape")
+    # JSON keeps the three fields apart whatever characters they hold.
+    raw = json.dumps([local_root, remote_identity, remote_root]).encode(
+        "utf-8", "surrogateescape"
+    )
     return xxhash.xxh3_64_hexdigest(raw)
 
 
