@@ -51,8 +51,8 @@ async def test_foreground_and_background_see_the_restored_path(box: Any, tmp_pat
         bg = await p.wait()
         assert bg.returncode == 0 and bg.stdout.strip().endswith("tool-ran")
         path = (await t.run("echo $PATH")).stdout.strip().split(":")
-        # The profile's choice stays in front; the lost dir comes back at the end.
-        assert path[:2] == ["/usr/bin", "/bin"] and path[-1] == TOOL_DIR
+        # The profile's choice stays in front; the lost dirs come back after it, in order.
+        assert path == ["/usr/bin", "/bin", TOOL_DIR, "/usr/local/bin"]
 
 
 async def test_profile_mode_pins_home_and_tmpdir(box: Any, tmp_path: Path) -> None:
