@@ -17,6 +17,8 @@ import errno
 import json
 import os
 import shutil
+import signal
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from filesync import helper
-from filesync.scan import hash_file
+from filesync.errors import FilesyncError
+from filesync.scan import hash_fd
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
@@ -55,22 +58,22 @@ class Journal:
     undo_dir: str = ""
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
+        """Write the journal durably (temp, fsync, rename, fsync dir) or not at all."""
         data = json.dumps(asdict(self)).encode("utf-8", "surrogateescape")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        _write_atomic(path, data, "the apply journal")
+        crash_point("journal-saved")
 
     @classmethod
     def load(cls, path: Path) -> Journal:
-        raw = json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
-        raw["ops"] = [HostOp(**op) for op in raw["ops"]]
-        return cls(**raw)
+        try:
+            raw = json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
+            raw["ops"] = [HostOp(**op) for op in raw["ops"]]
+            return cls(**raw)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise FilesyncError(
+                f"the apply journal {path} is unreadable ({type(exc).__name__}); move it "
+                "away and rerun (the files it names may hold their old or new content)"
+            ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,53 @@ class OpResult:
     op: HostOp
     status: str
     reason: str = ""
+
+
+def crash_point(name: str) -> None:
+    """Test hook: SIGKILL this process at a named step. Inert unless the env var is set.
+
+    ``FILESYNC_TEST_CRASH=NAME:N`` kills the process with a real SIGKILL the Nth time
+    (1-based) step ``NAME`` is reached. Steps: ``staged`` (a fetched file is staged),
+    ``journal-saved``, ``before-op``, ``kept`` (old file kept for undo), ``placed`` (a
+    write or delete is done), ``ops-done``, ``manifest-written``. The crash-safety tests
+    (tests/test_reliability_kill.py) use it; unset, it costs one environment lookup.
+    """
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    want, _, nth = spec.partition(":")
+    if want != name:
+        return
+    _crash_counts[name] = _crash_counts.get(name, 0) + 1
+    if str(_crash_counts[name]) == (nth or "1"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+CRASH_ENV = "FILESYNC_TEST_CRASH"
+_crash_counts: dict[str, int] = {}
+
+
+def _write_atomic(path: Path, data: bytes, what: str) -> None:
+    """Temp file, every byte written, fsync, rename, fsync dir; a failure leaves no temp."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise FilesyncError(
+            f"cannot write {what} {path}: {exc.strerror or exc}; free space in the state dir "
+            "and rerun"
+        ) from exc
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -139,7 +189,9 @@ class HostTree:
         assert op.staged is not None
         if st is not None:
             self._keep(pfd, op.path, name)
+            crash_point("kept")
         self._place(pfd, name, Path(op.staged), op)
+        crash_point("placed")
         return OpResult(op, "done")
 
     def _place(self, pfd: int, name: str, staged: Path, op: HostOp) -> None:
@@ -180,9 +232,11 @@ class HostTree:
         if not helper.unchanged(st, op.expect):
             return OpResult(op, "changed", "changed on the host during the run")
         self._keep(pfd, op.path, parts[-1])
+        crash_point("kept")
         result = helper.delete_file(self.fd, op.path, [st.st_size, st.st_mtime_ns])
         if result[1] != "ok":
             return OpResult(op, "changed" if result[1] == "changed" else "error", str(result[2]))
+        crash_point("placed")
         return OpResult(op, "done")
 
     def _keep(self, pfd: int, rel: str, name: str) -> None:
@@ -196,25 +250,48 @@ class HostTree:
         try:
             os.link(name, dest, src_dir_fd=pfd, follow_symlinks=False)
         except OSError:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=pfd)
-            with os.fdopen(fd, "rb") as src, open(dest, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            # A copy lands under its final name only once whole: a partial copy (disk
+            # full, crash) must never pass for the kept old version.
+            tmp = dest.with_name(dest.name + ".filesync-partial")
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
+                with os.fdopen(fd, "rb") as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
 
 
 def _holds(pfd: int, name: str, digest: str | None) -> bool:
+    """True if ``name`` is a regular file with that digest (never opens a FIFO or device)."""
     if digest is None:
         return False
     try:
-        return hash_file(name, dir_fd=pfd) == digest
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
     except OSError:
         return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and hash_fd(fd) == digest
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
     """Apply every op of ``journal`` in order and write the undo manifest."""
-    results = [tree.apply(op) for op in journal.ops]
+    results = []
+    for op in journal.ops:
+        crash_point("before-op")
+        results.append(tree.apply(op))
+    crash_point("ops-done")
     if journal.undo_dir:
         _write_undo_manifest(Path(journal.undo_dir), results, journal.previous)
+        crash_point("manifest-written")
     return results
 
 
@@ -226,6 +303,12 @@ def _write_undo_manifest(
          "kept": (undo_dir / "files" / r.op.path).exists()}
         for r in results if r.status == "done"
     ]
-    undo_dir.mkdir(parents=True, exist_ok=True)
     manifest = {"ops": rows, "previous": previous}
-    (undo_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    try:
+        undo_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FilesyncError(
+            f"cannot create {undo_dir}: {exc.strerror}; free space in the state dir and rerun"
+        ) from exc
+    data = json.dumps(manifest).encode("utf-8", "surrogateescape")
+    _write_atomic(undo_dir / "manifest.json", data, "the undo manifest")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,7 +112,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("filesync: error: interrupted; rerun to finish, nothing was half-applied",
               file=sys.stderr)
         return 130
+    except (OSError, sqlite3.Error) as exc:
+        # Last line of defence (a full disk under the state dir, a vanished directory):
+        # one line, exit 1. What was applied is journaled; a rerun finishes or redoes it.
+        _fail(FilesyncError(_system_error(exc)), json_mode)
+        return 1
     return code
+
+
+def _system_error(exc: OSError | sqlite3.Error) -> str:
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        text = f"{exc.strerror or exc}{where}"
+    else:
+        text = f"state database: {exc}"
+    return " ".join(text.split()) + "; fix the cause (a full disk?) and rerun"
 
 
 def _fail(exc: FilesyncError, json_mode: bool) -> None:

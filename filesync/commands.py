@@ -228,13 +228,19 @@ def _print_report(args: argparse.Namespace, report: Report) -> None:
         print(f"conflict: {conflict['path']} (remote version saved to {conflict['saved_to']})")
     if args.verbose:
         for s in report.skipped:
-            print(f"skipped: {s.path}: {s.reason}")
+            print(f"skipped: {_shown(s.path)}: {_shown(s.reason)}")
     print(
         f"{args.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
         f"{report.deleted_remote} deleted remote, {report.deleted_local} deleted local, "
         f"{len(report.conflicts)} conflicts, {len(report.skipped)} skipped, "
         f"{report.excluded} excluded ({report.seconds:.2f} s)"
     )
+
+
+def _shown(text: str) -> str:
+    """A name for the terminal: skipped names come from the remote and may hold control
+    characters (terminal escapes, newlines) or undecodable bytes; those are escaped."""
+    return text if text.isprintable() else ascii(text)[1:-1]
 
 
 def _plan_row(a: Action) -> dict[str, str]:

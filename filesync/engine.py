@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from filesync.apply import HostTree, Journal, OpResult, run_journal
-from filesync.errors import FilesyncError, SafetyRefusal
+from filesync.errors import ConnectionLost, FilesyncError, SafetyRefusal
 from filesync.exclude import ExcludeRule
 from filesync.model import Entry, Listing, Skipped
 from filesync.progress import Progress
@@ -141,7 +141,11 @@ class StagingSink(FetchSink):
                                         head.mtime_ns)
 
     def failed(self, path: str, reason: str) -> None:
+        """``path`` is not whole; a copy staged before (a torn read found later) is dropped."""
         self.failed_paths[path] = reason
+        staged = self.staged.pop(path, None)
+        if staged is not None:
+            staged.path.unlink(missing_ok=True)
 
 
 def _version_of_ancestor(a: Ancestor) -> Version:
@@ -356,11 +360,18 @@ async def open_session(
     try:
         return await RemoteSession.start(conduit)
     except NoPython:
-        from filesync.posix_remote import PosixSession
+        pass
+    except ConnectionLost:
+        # A shell without python3 may exit before the helper's source is written to it,
+        # and the write then fails: ask once more, plainly, before giving up.
+        probe = await conduit.run("command -v python3 >/dev/null 2>&1")
+        if probe.returncode == 0:
+            raise
+    from filesync.posix_remote import PosixSession
 
-        if log is not None:
-            log("remote has no python3: using the POSIX fallback (sh, find, tar)")
-        return await PosixSession.start(conduit)
+    if log is not None:
+        log("remote has no python3: using the POSIX fallback (sh, find, tar)")
+    return await PosixSession.start(conduit)
 
 
 def recover(state: PairState, local_root: Path) -> None:

@@ -147,6 +147,10 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
     return entries, skipped, excluded
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _unlink_quiet(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -176,6 +180,12 @@ def open_parent(root_fd: int, parts: list[str], create: bool) -> int:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o777, dir_fd=fd)
                 nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except NotADirectoryError:
+                # Linux says ENOTDIR for O_DIRECTORY|O_NOFOLLOW on a symlink: name it.
+                st = _stat_at(fd, part)
+                if st is not None and stat.S_ISLNK(st.st_mode):
+                    raise OSError(errno.ELOOP, "symlink in path", part) from None
+                raise
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -216,6 +226,10 @@ def _reason(exc: BaseException) -> str:
     return exc.strerror or str(exc)
 
 
+class BadRequest(Exception):
+    """The client sent something this helper cannot parse: the stream is not trusted."""
+
+
 class Channel:
     """Framed I/O over a pair of binary streams."""
 
@@ -234,13 +248,25 @@ class Channel:
         return kind, payload
 
     def read_json(self) -> tuple[bytes, dict[str, Any]] | None:
+        """The next frame decoded as a JSON object (``{}`` for ``D``); ``None`` at EOF.
+
+        Raises ``BadRequest`` for a payload that is not a (compressed) JSON object.
+        """
         frame = self.read_frame()
         if frame is None:
             return None
         kind, payload = frame
-        if kind == b"Z":
-            payload = zlib.decompress(payload)
-        return kind, json.loads(payload) if kind != b"D" else {}
+        if kind == b"D":
+            return kind, {}
+        try:
+            if kind == b"Z":
+                payload = zlib.decompress(payload)
+            obj = json.loads(payload.decode("utf-8", "surrogateescape"))
+        except (ValueError, zlib.error, RecursionError) as exc:
+            raise BadRequest(f"undecodable {kind!r} frame") from exc
+        if not isinstance(obj, dict):
+            raise BadRequest(f"{kind!r} frame is not a JSON object")
+        return kind, obj
 
     def write(self, kind: bytes, payload: bytes) -> None:
         self.out.write(_HEADER.pack(kind, len(payload)))
@@ -333,7 +359,15 @@ class Server:
         self.chan.send_json({"results": results}, b"Z")
 
     def _receive_one(self, rfd: int, head: dict[str, Any], error: str) -> list[Any]:
-        rel = head["path"]
+        rel: Any = head.get("path")
+        mode: Any = head.get("mode")
+        mtime_ns: Any = head.get("mtime_ns")
+        expect: Any = head.get("expect")
+        if not (isinstance(rel, str) and _is_int(mode) and _is_int(mtime_ns) and (
+            expect is None
+            or (isinstance(expect, list) and len(expect) == 2 and all(map(_is_int, expect)))
+        )):
+            raise BadRequest("malformed file header")
         sink = _TempFile(rfd, rel, self._temp_name(), error)
         while True:
             frame = self.chan.read_frame()
@@ -344,11 +378,17 @@ class Server:
             if kind == b"D":
                 sink.write(payload)
                 continue
-            end = json.loads(payload)
+            try:
+                end = json.loads(payload) if kind == b"E" else None
+            except (ValueError, RecursionError):
+                end = None
+            if not isinstance(end, dict):
+                sink.abort()
+                raise BadRequest("expected a D or E frame inside a file")
             if not end.get("ok"):
                 sink.abort()
                 return [rel, "error", end.get("error", "aborted by client")]
-            return sink.commit(head["mode"], head["mtime_ns"], head.get("expect"))
+            return sink.commit(mode, mtime_ns, expect)
 
     def _temp_name(self) -> str:
         self.counter += 1
@@ -479,7 +519,11 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     }
     chan.send_json({"hello": PROTOCOL, "cwd": os.getcwd(), "pid": os.getpid()})
     while True:
-        frame = chan.read_json()
+        try:
+            frame = chan.read_json()
+        except BadRequest as exc:
+            chan.send_json({"error": f"bad request: {exc}"})
+            return  # the framing itself is not trusted any more
         if frame is None:
             return
         req = frame[1]
@@ -487,14 +531,19 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         if op == "bye":
             chan.send_json({"bye": True})
             return
-        handler = ops.get(op or "")
+        handler = ops.get(op) if isinstance(op, str) else None
         if handler is None:
-            chan.send_json({"error": f"unknown op {op!r}"})
+            chan.send_json({"error": f"unknown op {str(op)[:100]!r}"})
             continue
         try:
             handler(req)
         except OSError as exc:
             chan.send_json({"error": _reason(exc), "errno": exc.errno or 0})
+        except EOFError:
+            return
+        except Exception as exc:  # a malformed request: answer once, then stop
+            chan.send_json({"error": f"bad request: {type(exc).__name__}"})
+            return
 
 
 if __name__ == "__main__":

@@ -7,24 +7,38 @@ sending and deleting are requests on that one stream, with no per-file round tri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import posixpath
 import shlex
 import struct
 import zlib
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from filesync.errors import ConnectionLost, TransportError
+from filesync.apply import crash_point
+from filesync.errors import ConnectionLost, FilesyncError, TransportError
 from filesync.exclude import ExcludeRule
 from filesync.model import FILE, Entry, Listing, Skipped
 from filesync.transport.base import Conduit, RemoteProcess
 
 _HEADER = struct.Struct(">cI")
 NO_PYTHON = b"FILESYNC-NO-PYTHON"
+#: Largest frame accepted from the remote (a listing of a huge tree is one ``Z`` frame;
+#: data chunks are 1 MiB). Anything larger is garbage, refused before it is buffered.
+MAX_FRAME = 256 << 20
+#: Largest decompressed ``Z`` payload accepted (guards against a zlib bomb).
+MAX_JSON = 1 << 30
+#: How long ``close`` waits for the helper's goodbye before killing it.
+CLOSE_TIMEOUT = 10.0
+#: How long a remote that answered with something else than the helper's hello may go
+#: on talking before it is killed (the error message quotes what it said).
+START_TIMEOUT = 5.0
+_GARBAGE = "remote helper sent garbage ({}); check the remote's python3, then rerun"
 
 
 @cache
@@ -101,25 +115,55 @@ class RemoteSession:
         self.conduit = conduit
         self.proc = proc
         self.hello = hello
+        #: set once the stream can no longer be trusted; ``close`` then kills at once
+        self.broken = False
 
     @classmethod
     async def start(cls, conduit: Conduit) -> RemoteSession:
         """Start the helper; raise ``TransportError`` if the remote can't run it."""
         proc = await conduit.start(bootstrap_command())
-        await proc.write(helper_payload())
+        write_error: ConnectionLost | None = None
+        try:
+            await proc.write(helper_payload())
+        except ConnectionLost as exc:
+            # Ended before it took the helper (no python3 exits at once): read what it said.
+            write_error = exc
         first = await proc.read(1)
+        if first == b"J" and write_error is not None:
+            raise write_error
         if first != b"J":
-            rest = first + await _drain(proc)
+            # Not the helper's hello: close its input so a waiting process ends, read what
+            # it says (bounded in size and time: a chatty or stuck remote must not hang us).
+            await proc.write_eof()
+            try:
+                rest = first + await asyncio.wait_for(_drain(proc, 1 << 16), START_TIMEOUT)
+                err_text = await asyncio.wait_for(proc.read_stderr(), START_TIMEOUT)
+            except (TimeoutError, TransportError):
+                rest, err_text = first, b""
+            finally:
+                proc.kill()
             if rest.startswith(NO_PYTHON):
                 raise NoPython(
                     "the remote has no python3; install python3 there "
                     "(the POSIX fallback needs tar and find)"
                 )
-            err = (await proc.read_stderr()).decode(errors="replace").strip().splitlines()
-            tail = err[-1] if err else rest.decode(errors="replace").strip()[:200]
-            raise TransportError(f"the remote helper did not start: {tail or 'no output'}")
+            if write_error is not None and not rest:
+                raise write_error
+            err = err_text.decode(errors="replace").strip().splitlines()
+            tail = _text(err[-1] if err else rest.decode(errors="replace"))[:200]
+            raise TransportError(
+                f"the remote helper did not start: {tail or 'no output'}; check that the "
+                "remote's shell startup files print nothing and that python3 runs there"
+            )
         session = cls(conduit, proc, {})
-        session.hello = await session._payload(first)
+        try:
+            hello = await session._payload(first)
+            if not isinstance(hello.get("hello"), int) or not isinstance(hello.get("cwd"), str):
+                raise session._garbage("no valid hello")
+        except BaseException:
+            proc.kill()
+            raise
+        session.hello = hello
         return session
 
     def resolve_root(self, path: str) -> str:
@@ -137,20 +181,38 @@ class RemoteSession:
     async def _request(self, obj: dict[str, Any]) -> None:
         await self._send(b"J", json.dumps(obj).encode("utf-8", "surrogateescape"))
 
+    def _garbage(self, what: str) -> TransportError:
+        """The error for a stream that broke the protocol; the session is unusable after."""
+        self.broken = True
+        return TransportError(_GARBAGE.format(what))
+
     async def _frame(self) -> tuple[bytes, bytes]:
         kind, length = _HEADER.unpack(await self.proc.readexactly(_HEADER.size))
+        if kind not in b"JZHDE" or length > MAX_FRAME:
+            raise self._garbage(f"frame {kind!r} of {length} bytes")
         return kind, await self.proc.readexactly(length)
 
     async def _payload(self, kind_byte: bytes) -> dict[str, Any]:
         rest = await self.proc.readexactly(_HEADER.size - 1)
         (length,) = struct.unpack(">I", rest)
-        return _decode(kind_byte, await self.proc.readexactly(length))
+        if length > MAX_FRAME:
+            raise self._garbage(f"frame of {length} bytes")
+        return self._decode(kind_byte, await self.proc.readexactly(length))
+
+    def _decode(self, kind: bytes, payload: bytes) -> dict[str, Any]:
+        try:
+            return _decode(kind, payload)
+        except TransportError:
+            self.broken = True
+            raise
 
     async def _reply(self) -> dict[str, Any]:
         kind, payload = await self._frame()
-        obj = _decode(kind, payload)
-        if "error" in obj and kind in (b"J", b"Z"):
-            raise TransportError(f"remote: {obj['error']}")
+        if kind not in (b"J", b"Z"):
+            raise self._garbage(f"{kind!r} frame where a reply was due")
+        obj = self._decode(kind, payload)
+        if "error" in obj:
+            raise TransportError(f"remote: {_text(obj['error'])}")
         return obj
 
     # -- operations -------------------------------------------------------------
@@ -159,47 +221,87 @@ class RemoteSession:
         """List regular files under ``root``, pruned on the remote by ``rule``."""
         await self._request({"op": "list", "root": root, **rule.wire()})
         reply = await self._reply()
-        listing = Listing(reply["root"], bool(reply["exists"]))
-        if reply["exists"] and not reply["is_dir"]:
+        entries, skipped = reply.get("entries", []), reply.get("skipped", [])
+        if not (
+            isinstance(reply.get("root"), str) and isinstance(entries, list)
+            and isinstance(skipped, list) and _is_count(reply.get("excluded", 0))
+        ):
+            raise self._garbage("malformed listing")
+        listing = Listing(reply["root"], bool(reply.get("exists")))
+        if reply.get("exists") and not reply.get("is_dir"):
             raise TransportError(
                 f"remote root {reply['root']} is not a directory; give a directory path"
             )
-        for rel, kind, size, mtime_ns, mode, ino, nlink in reply.get("entries", []):
-            if nlink > 1:
+        for row in entries:
+            if not (isinstance(row, list) and len(row) == 7 and isinstance(row[0], str)
+                    and isinstance(row[1], str) and all(map(_is_count, row[2:]))):
+                raise self._garbage("malformed listing entry")
+            rel, kind, size, mtime_ns, mode, ino, nlink = row
+            if kind != FILE:
+                listing.skipped.append(Skipped(rel, f"not a regular file (kind {kind[:8]!r})"))
+            elif nlink > 1:
                 listing.skipped.append(Skipped(rel, "hard link on the remote (not synced)"))
-                continue
-            listing.entries[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
-        listing.skipped += [Skipped(p, r) for p, r in reply.get("skipped", [])]
+            else:
+                listing.entries[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
+        for row in skipped:
+            if not (isinstance(row, list) and len(row) == 2
+                    and all(isinstance(x, str) for x in row)):
+                raise self._garbage("malformed listing entry")
+            listing.skipped.append(Skipped(row[0], row[1]))
         listing.excluded = int(reply.get("excluded", 0))
         return listing
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
-        """Stream ``paths`` into ``sink``; torn or vanished files are reported to it."""
+        """Stream ``paths`` into ``sink``; torn or vanished files are reported to it.
+
+        Only the requested paths are accepted, each once; a file whose bytes do not
+        add up to its announced size counts as torn. A sink that cannot write (a full
+        disk) ends the run with a ``FilesyncError``.
+        """
         await self._request({"op": "fetch", "root": root, "paths": list(paths)})
+        pending = Counter(paths)
         while True:
             kind, payload = await self._frame()
-            obj = _decode(kind, payload) if kind != b"D" else {}
-            if kind == b"J":
-                if "error" in obj:
-                    raise TransportError(f"remote: {obj['error']}")
-                return
+            if kind == b"D" or kind == b"E":
+                raise self._garbage(f"{kind!r} frame outside a file")
+            obj = self._decode(kind, payload)
             if kind != b"H":
-                raise TransportError("remote helper sent an unexpected frame; rerun")
+                if "error" in obj:
+                    raise TransportError(f"remote: {_text(obj['error'])}")
+                if pending.total():
+                    # The helper answers every path: a missing one means a broken stream.
+                    raise self._garbage(f"fetch ended without {pending.total()} files")
+                return
+            path = obj.get("path")
+            if not isinstance(path, str) or pending[path] <= 0:
+                raise self._garbage("a file that was not asked for")
+            pending[path] -= 1
             if "error" in obj:
-                sink.failed(obj["path"], obj["error"])
+                sink.failed(path, _text(obj["error"]))
                 continue
-            await self._receive(FetchHeader(obj["path"], obj["size"], obj["mtime_ns"],
-                                            obj["mode"]), sink)
+            if not all(_is_count(obj.get(k)) for k in ("size", "mtime_ns", "mode")):
+                raise self._garbage("malformed file header")
+            await self._receive(FetchHeader(path, obj["size"], obj["mtime_ns"], obj["mode"]),
+                                sink)
 
     async def _receive(self, head: FetchHeader, sink: FetchSink) -> None:
-        write = sink.begin(head)
+        write = _local(sink.begin, head)
+        received = 0
         while True:
             kind, payload = await self._frame()
             if kind == b"D":
-                write(payload)
+                received += len(payload)
+                if received <= head.size:  # past it the file grew while read: torn
+                    _local(write, payload, path=head.path)
                 continue
-            end = _decode(kind, payload)
-            sink.end(head, bool(end.get("ok")), str(end.get("error", "")))
+            if kind != b"E":
+                raise self._garbage(f"{kind!r} frame inside a file")
+            end = self._decode(kind, payload)
+            ok = end.get("ok") is True and received == head.size
+            reason = _text(end.get("error", "")) if end.get("ok") is not True else (
+                "" if ok else "changed while being read")
+            _local(sink.end, head, ok, reason, path=head.path)
+            crash_point("staged")
             return
 
     async def send(self, root: str, items: Sequence[SendItem]) -> list[Outcome]:
@@ -216,50 +318,109 @@ class RemoteSession:
             except OSError as exc:
                 end = {"ok": False, "error": f"local read failed: {exc.strerror}"}
             await self._send(b"E", json.dumps(end).encode())
-        reply = await self._reply()
-        return [_outcome(r) for r in reply["results"]]
+        return self._outcomes(await self._reply(), [item.path for item in items])
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
         """Delete files that are still as listed; others come back ``changed``."""
-        req = [[e.path, e.size, e.mtime_ns] for e in files if e.kind == FILE]
+        files = [e for e in files if e.kind == FILE]
+        req = [[e.path, e.size, e.mtime_ns] for e in files]
         await self._request({"op": "delete", "root": root, "files": req})
-        reply = await self._reply()
-        return [_outcome(r) for r in reply["results"]]
+        return self._outcomes(await self._reply(), [e.path for e in files])
+
+    def _outcomes(self, reply: dict[str, Any], paths: list[str]) -> list[Outcome]:
+        """One outcome per requested path, in order, or the stream is garbage."""
+        rows = reply.get("results")
+        if not isinstance(rows, list) or len(rows) != len(paths):
+            raise self._garbage("malformed results")
+        out = []
+        for row, path in zip(rows, paths, strict=True):
+            outcome = _outcome(row)
+            if outcome is None or outcome.path != path:
+                raise self._garbage("malformed results")
+            out.append(outcome)
+        return out
 
     async def close(self) -> None:
-        """Ask the helper to exit and wait for it; never raises."""
+        """Ask the helper to exit and wait for it (killing it if it does not); never raises.
+
+        A session whose stream broke the protocol is killed at once: a hostile or
+        garbled remote gets no chance to keep the run waiting.
+        """
+        if self.broken:
+            self.proc.kill()
+            return
         try:
-            await self._request({"op": "bye"})
-            await self._reply()
-            await self.proc.write_eof()
-            await self.proc.wait()
+            await asyncio.wait_for(self._goodbye(), CLOSE_TIMEOUT)
         except Exception:
             self.proc.kill()
 
+    async def _goodbye(self) -> None:
+        await self._request({"op": "bye"})
+        await self._reply()
+        await self.proc.write_eof()
+        await self.proc.wait()
+
 
 def _decode(kind: bytes, payload: bytes) -> dict[str, Any]:
-    if kind == b"Z":
-        payload = zlib.decompress(payload)
+    """A frame's payload as a JSON object; ``TransportError`` for anything else."""
     try:
+        if kind == b"Z":
+            inflate = zlib.decompressobj()
+            payload = inflate.decompress(payload, MAX_JSON)
+            if inflate.unconsumed_tail:
+                raise ValueError("decompressed listing too large")
         obj = json.loads(payload.decode("utf-8", "surrogateescape"))
-    except ValueError as exc:
-        raise TransportError("remote helper sent garbage; check the remote's python3") from exc
+    except (ValueError, zlib.error, RecursionError) as exc:
+        raise TransportError(_GARBAGE.format(f"undecodable {kind!r} frame")) from exc
     if not isinstance(obj, dict):
-        raise TransportError("remote helper sent garbage; check the remote's python3")
+        raise TransportError(_GARBAGE.format(f"{kind!r} frame is not a JSON object"))
     return obj
 
 
-def _outcome(row: list[Any]) -> Outcome:
+def _is_count(value: object) -> bool:
+    """A non-negative int (sizes, times, modes, counts); bools are not counts."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _text(value: object) -> str:
+    """A remote-supplied message made safe for one line of a terminal (no control chars)."""
+    text = " ".join(str(value).split())[:300]
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _outcome(row: object) -> Outcome | None:
+    if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)):
+        return None
     if row[1] == "ok":
-        return Outcome(row[0], "ok", *(row[2:4] if len(row) >= 4 else (0, 0)))
-    return Outcome(row[0], row[1], reason=str(row[2]))
+        if len(row) >= 4 and _is_count(row[2]) and _is_count(row[3]):
+            return Outcome(row[0], "ok", row[2], row[3])
+        return Outcome(row[0], "ok") if len(row) == 2 else None
+    if row[1] in ("changed", "error") and len(row) >= 3:
+        return Outcome(row[0], row[1], reason=_text(row[2]))
+    return None
 
 
-async def _drain(proc: RemoteProcess) -> bytes:
-    chunks = []
+def _local(fn: Callable[..., Any], *args: Any, path: str = "") -> Any:
+    """Run a sink call; a host-side write failure (disk full) ends the run cleanly."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        what = path or getattr(args[0], "path", "")
+        raise FilesyncError(
+            f"cannot stage {what!r} on the host: {exc.strerror or exc}; free space in the "
+            "state dir (or pass --state-dir) and rerun, nothing was applied"
+        ) from exc
+
+
+async def _drain(proc: RemoteProcess, limit: int) -> bytes:
+    """Read stdout to its end, keeping at most ``limit`` bytes."""
+    chunks: list[bytes] = []
+    kept = 0
     while chunk := await proc.read(1 << 16):
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if kept < limit:
+            chunks.append(chunk)
+            kept += len(chunk)
+    return b"".join(chunks)[:limit]
 
 
 Opener = Callable[[], Awaitable[Conduit]]

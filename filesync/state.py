@@ -106,10 +106,14 @@ class PairState:
                 "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
             ) from exc
         state = cls(directory)
-        state._lock(lock_timeout)
-        state._connect()
-        info = {"local": local_root, "remote": remote_identity, "remote_root": remote_root}
-        (directory / "pair.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        try:
+            state._lock(lock_timeout)
+            state._connect()
+            info = {"local": local_root, "remote": remote_identity, "remote_root": remote_root}
+            (directory / "pair.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        except BaseException:
+            state.close()  # a failed open (disk full) must not keep the pair locked
+            raise
         return state
 
     def _lock(self, timeout: float) -> None:
@@ -128,9 +132,9 @@ class PairState:
                         "wait for it to finish or pass --lock-timeout SECONDS"
                     ) from None
                 time.sleep(0.05)
+        self._lock_fd = fd  # held from here on: close() releases it whatever fails next
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
 
     def _connect(self) -> None:
         db = sqlite3.connect(self.dir / "state.db", isolation_level=None, timeout=30)
