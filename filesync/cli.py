@@ -66,6 +66,8 @@ def _common(
                    help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
     p.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for another run on the same pair")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="overall deadline of a run (0: none); a late run stops cleanly")
     p.add_argument("--max-file-size", type=_size, default=1 << 30, metavar="SIZE")
     p.add_argument("--max-pull-bytes", type=_size, default=2 << 30, metavar="SIZE")
     p.add_argument("-v", "--verbose", action="count", default=0)

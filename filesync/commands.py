@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,8 @@ async def _run_jobs(args: argparse.Namespace, jobs: list[Job]) -> int:
         try:
             for label, local, path, opts in job.passes:
                 try:
-                    out.append((label, await run_pass(conduit, local, path, opts, plan_filter)))
+                    run = run_pass(conduit, local, path, opts, plan_filter)
+                    out.append((label, await _deadline(run, args.timeout)))
                 except FilesyncError as exc:
                     out.append((label, exc))
         finally:
@@ -155,6 +156,19 @@ async def _run_jobs(args: argparse.Namespace, jobs: list[Job]) -> int:
         _print_report(args, result)
         return 0
     return _print_many(args, results)
+
+
+async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
+    """Bound a pass by ``--timeout``; cancelling only stops I/O, the journal stays whole."""
+    if seconds <= 0:
+        return await run
+    try:
+        return await asyncio.wait_for(run, seconds)
+    except TimeoutError:
+        raise FilesyncError(
+            f"the run took longer than --timeout {seconds:g} s; rerun to continue "
+            "(nothing was half-applied) or raise the limit"
+        ) from None
 
 
 async def _with_conduit(target: Target, args: argparse.Namespace, fn: Any) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +21,17 @@ CHUNK = 1 << 20
 #: A file modified this close to the scan may be modified again within the same
 #: timestamp tick, so its hash is not cached (the racy-timestamp rule).
 RACY_NS = 2_000_000_000
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a file swapped for a FIFO after the scan must not block the open.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str | Path, dir_fd: int | None = None) -> int:
+    """Open a regular file for reading, never following a symlink or opening a FIFO."""
+    fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file any more", str(path))
+    return fd
 
 
 def new_hasher() -> xxhash.xxh3_128:
@@ -36,7 +48,7 @@ def hash_fd(fd: int) -> str:
 
 def hash_file(path: str | Path, dir_fd: int | None = None) -> str:
     """xxh3-128 of a file's bytes (symlinks are not followed)."""
-    fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+    fd = open_regular(path, dir_fd)
     try:
         return hash_fd(fd)
     finally:
@@ -109,7 +121,7 @@ class HashingReader:
         self.progress = progress
 
     def __call__(self) -> Iterator[bytes]:
-        fd = os.open(self.path, _READ_FLAGS)
+        fd = open_regular(self.path)
         try:
             while chunk := os.read(fd, CHUNK):
                 self.hasher.update(chunk)

@@ -357,3 +357,21 @@ def test_state_survives_between_processes(pair: Pair) -> None:
     assert pair.ok("push")["uploaded"] == 0
     db = next((pair.state / "pairs").iterdir()) / "state.db"
     assert db.exists() and db.stat().st_size > 0
+
+
+def test_a_fifo_swapped_in_after_the_scan_is_never_opened(tmp_path: Path) -> None:
+    from filesync.scan import HashingReader, hash_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        hash_file(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        list(HashingReader(fifo)())
+
+
+def test_overall_deadline_stops_a_hanging_remote_cleanly(pair: Pair, tmp_path: Path) -> None:
+    # A "remote shell" that accepts the connection and then never answers.
+    code, report = pair.run("push", "--timeout", "1", "--via", "sh -c 'sleep 30' --")
+    assert code == 1 and "--timeout 1" in report["error"]
+    assert not pair.remote.exists()

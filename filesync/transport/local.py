@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 
 from filesync.errors import ConnectionLost
 from filesync.transport.base import Conduit, RemoteProcess
@@ -59,8 +61,9 @@ class SubprocessProcess(RemoteProcess):
         return await self._proc.wait()
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self._proc.kill()
+        # The whole group: a grandchild holding the pipes would keep wait() from returning.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
 
 
 class CommandConduit(Conduit):
@@ -81,6 +84,7 @@ class CommandConduit(Conduit):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 limit=1 << 20,
+                start_new_session=True,
             )
         except OSError as exc:
             raise ConnectionLost(
