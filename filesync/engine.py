@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from filesync.apply import HostTree, Journal, OpResult, run_journal
-from filesync.errors import ConnectionLost, FilesyncError, SafetyRefusal
+from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.exclude import ExcludeRule
 from filesync.model import Entry, Listing, Skipped
 from filesync.progress import Progress
@@ -360,18 +360,11 @@ async def open_session(
     try:
         return await RemoteSession.start(conduit)
     except NoPython:
-        pass
-    except ConnectionLost:
-        # A shell without python3 may exit before the helper's source is written to it,
-        # and the write then fails: ask once more, plainly, before giving up.
-        probe = await conduit.run("command -v python3 >/dev/null 2>&1")
-        if probe.returncode == 0:
-            raise
-    from filesync.posix_remote import PosixSession
+        from filesync.posix_remote import PosixSession
 
-    if log is not None:
-        log("remote has no python3: using the POSIX fallback (sh, find, tar)")
-    return await PosixSession.start(conduit)
+        if log is not None:
+            log("remote has no python3: using the POSIX fallback (sh, find, tar)")
+        return await PosixSession.start(conduit)
 
 
 def recover(state: PairState, local_root: Path) -> None:
