@@ -22,7 +22,7 @@ from types import TracebackType
 from backends._session import RunResult, ShellPlan
 from backends.env import ShellInit, parse_env0
 from backends.home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
-from filesync.engine import Options, Report, run_pass
+from filesync.engine import Options, Report, drop_session, run_pass
 from filesync.errors import FilesyncError
 from filesync.exclude import ExcludeRule
 from filesync.mapping import TWO_WAY, Mapping
@@ -109,6 +109,7 @@ class SSHTerminal:
             await self.push()
             await self._snapshot()
         except BaseException:
+            await drop_session(self._conduit, polite=False)
             await self._conduit.close()
             self._conduit = None
             raise
@@ -124,6 +125,7 @@ class SSHTerminal:
             await self.sync_back()
         finally:
             if self._conduit is not None:
+                await drop_session(self._conduit)
                 await self._conduit.close()
                 self._conduit = None
 

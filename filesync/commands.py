@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from filesync.config import load_config
-from filesync.engine import Options, Report, run_pass
+from filesync.engine import Options, Report, drop_session, run_pass
 from filesync.errors import FilesyncError, UsageError
 from filesync.exclude import ExcludeRule
 from filesync.mapping import UPLOAD_ONLY
@@ -145,6 +145,7 @@ async def _run_jobs(args: argparse.Namespace, jobs: list[Job]) -> int:
                 except FilesyncError as exc:
                     out.append((label, exc))
         finally:
+            await drop_session(conduit)
             await conduit.close()
         return out
 
@@ -176,6 +177,7 @@ async def _with_conduit(target: Target, args: argparse.Namespace, fn: Any) -> An
     try:
         return await fn(conduit)
     finally:
+        await drop_session(conduit)
         await conduit.close()
 
 

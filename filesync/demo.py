@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from filesync.engine import Options, Report, run_pass
+from filesync.engine import Options, Report, drop_session, run_pass
 from filesync.exclude import ExcludeRule
 from filesync.reconcile import Direction
 
@@ -82,6 +82,7 @@ async def _demo(workdir: Path) -> None:
             report = await run_pass(conduit, host_skills, REMOTE_ROOT, opts)
             _print_pull(report, host_skills, junk)
         finally:
+            await drop_session(conduit)
             await conduit.close()
     finally:
         await server.close()

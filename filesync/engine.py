@@ -8,9 +8,11 @@ not recorded, so the next run picks it up again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,15 @@ from filesync.remote import (
     RemoteSession,
     SendItem,
 )
-from filesync.scan import RACY_NS, HashingReader, LocalScan, filter_unsafe, new_hasher, scan_local
+from filesync.scan import (
+    RACY_NS,
+    HashingReader,
+    LocalScan,
+    filter_unsafe,
+    hash_needed,
+    new_hasher,
+    scan_cached,
+)
 from filesync.state import Ancestor, ConflictRecord, PairState
 from filesync.transport.base import Conduit
 
@@ -148,10 +158,6 @@ class StagingSink(FetchSink):
             staged.path.unlink(missing_ok=True)
 
 
-def _version_of_ancestor(a: Ancestor) -> Version:
-    return Version(a.hash, a.mode)
-
-
 class Pass:
     """One pass of one pair, holding its lock for its whole duration."""
 
@@ -176,6 +182,8 @@ class Pass:
         self.remote_v: dict[str, Version] = {}
         self.ancestors: dict[str, Ancestor] = {}
         self.full_conflicts: set[str] = set()
+        self.remote_same: set[str] = set()
+        self.old_cache: dict[str, tuple[int, int, int, str]] = {}
 
     def log(self, message: str) -> None:
         if self.opts.log is not None:
@@ -185,12 +193,22 @@ class Pass:
 
     async def scan(self) -> tuple[dict[str, Ancestor], LocalScan, Listing]:
         recover(self.state, self.local_root)
-        remote = await self.session.list_tree(self.remote_root, self.opts.rule)
+        anc = self.state.ancestors()
+        self.old_cache = self.state.local_cache()
+        # The host walk (stat only) runs in a thread while the remote lists.
+        walking = asyncio.create_task(asyncio.to_thread(
+            scan_cached, self.local_root, self.opts.rule, self.old_cache))
+        try:
+            remote = await self.session.list_tree(self.remote_root, self.opts.rule)
+        finally:
+            local = await walking
         filter_unsafe(remote)
-        local = scan_local(self.local_root, self.opts.rule, self.state.local_cache())
+        rfiles = remote.files()
+        # Only files that will be compared with something are read now.
+        hash_needed(local, self.local_root, lambda rel: rel in anc or rel in rfiles)
         self.report.excluded = remote.excluded + local.listing.excluded
         self.report.skipped += local.listing.skipped + remote.skipped
-        return self.state.ancestors(), local, remote
+        return anc, local, remote
 
     def guard_roots(self, anc: dict[str, Ancestor], local: Listing, remote: Listing) -> None:
         """Refuse when a whole side looks reset while the ancestor says it held files."""
@@ -213,23 +231,27 @@ class Pass:
     def remote_versions(
         self, anc: dict[str, Ancestor], local: LocalScan, remote: Listing
     ) -> tuple[dict[str, Version], list[Entry]]:
-        """Versions known without reading the remote, and the candidates to fetch."""
+        """Versions known without reading the remote, and the candidates to fetch.
+
+        Files whose stat still matches the ancestor go to ``self.remote_same`` (their
+        version is the ancestor's) without building anything per file.
+        """
         cache = self.state.remote_cache()
         known: dict[str, Version] = {}
         fetch: list[Entry] = []
+        same = self.remote_same
         for rel, e in remote.files().items():
             mode = e.mode & 0o777
             a = anc.get(rel)
-            if a is not None and (e.size, e.mtime_ns, mode) == (
-                a.remote_size, a.remote_mtime_ns, a.mode
-            ) and a.remote_mtime_ns < a.synced_ns - RACY_NS:
-                known[rel] = Version(a.hash, mode)
+            if a is not None and e.size == a.remote_size and e.mtime_ns == a.remote_mtime_ns \
+                    and mode == a.mode and a.remote_mtime_ns < a.synced_ns - RACY_NS:
+                same.add(rel)
             elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
                 known[rel] = Version(cache[rel][2], mode)
             elif e.size > self.opts.max_file_size:
                 self.report.skipped.append(Skipped(rel, "larger than --max-file-size"))
             elif self.opts.direction is Direction.PUSH and a is None and (
-                rel not in local.hashes
+                rel not in local.listing.entries
             ):
                 continue  # remote-only and never pushed: push leaves it alone
             else:
@@ -262,6 +284,7 @@ class Pass:
         self, anc: dict[str, Ancestor], local: LocalScan, remote: Listing,
         known: dict[str, Version], fetched: Iterable[Entry],
     ) -> list[Action]:
+        """Reconcile every path that is not quietly in sync on all three sides."""
         rv = dict(known)
         for e in fetched:
             staged = self.sink.staged.get(e.path)
@@ -270,14 +293,20 @@ class Pass:
                 self.report.skipped.append(Skipped(e.path, f"remote: {reason}; retried next run"))
                 continue
             rv[e.path] = Version(staged.hash, staged.mode)
-        lv = {p: Version(h, local.listing.entries[p].mode & 0o777) for p, h in local.hashes.items()}
-        av = {p: _version_of_ancestor(a) for p, a in anc.items()}
+        entries, hashes = local.listing.entries, local.hashes
+        quiet = {
+            p for p in self.remote_same
+            if hashes.get(p) == anc[p].hash and entries[p].mode & 0o777 == anc[p].mode
+        }
         # A path whose remote version is unknown this run is left out entirely.
-        unknown = {e.path for e in remote.files().values()} - rv.keys()
-        unknown |= {s.path for s in self.report.skipped}
-        for table in (lv, av, rv):
-            for p in unknown:
-                table.pop(p, None)
+        unknown = {s.path for s in self.report.skipped}
+        unknown |= remote.files().keys() - rv.keys() - self.remote_same
+        paths = (anc.keys() | hashes.keys() | rv.keys() | self.remote_same) - quiet - unknown
+        for p in paths & self.remote_same:
+            rv[p] = Version(anc[p].hash, anc[p].mode)
+        lv = {p: Version(hashes[p], entries[p].mode & 0o777) for p in paths if p in hashes}
+        av = {p: Version(anc[p].hash, anc[p].mode) for p in paths if p in anc}
+        rv = {p: v for p, v in rv.items() if p in paths}
         self.local_v, self.remote_v, self.ancestors = lv, rv, anc
         plan = reconcile(av, lv, rv, self.opts.direction)
         self.full_conflicts = {a.path for a in plan if a.kind is Kind.CONFLICT}
@@ -307,7 +336,8 @@ async def run_pass(
 
     started = time.monotonic()
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
-    session = await open_session(conduit, opts.log)
+    session = await session_for(conduit, opts.log)
+    ok = False
     try:
         remote_root = session.resolve_root(remote_path)
         state = PairState.open(
@@ -329,12 +359,15 @@ async def run_pass(
                 if not opts.dry_run:
                     await transition(p, anc, local, remote, plan)
                 p.report.open_conflicts = list(state.conflicts().values())
+                ok = True
             finally:
                 shutil.rmtree(p.sink.dir, ignore_errors=True)
         finally:
             state.close()
     finally:
-        await session.close()
+        if not ok:
+            # A pass that failed may have left the stream mid-request: never reuse it.
+            await drop_session(conduit, polite=False)
     p.report.bytes_sent = conduit.bytes_sent - sent0
     p.report.bytes_received = conduit.bytes_received - recv0
     p.report.seconds = time.monotonic() - started
@@ -351,6 +384,29 @@ class TransferFailed(FilesyncError):
         more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
         super().__init__(f"{first}{more}; fix the cause and rerun, nothing was half-applied")
         self.report = report
+
+
+# One helper per conduit, kept between passes: a warm pass pays no helper start-up.
+_SESSIONS: weakref.WeakKeyDictionary[Conduit, RemoteSession] = weakref.WeakKeyDictionary()
+
+
+async def session_for(
+    conduit: Conduit, log: Callable[[str], None] | None = None
+) -> RemoteSession:
+    """The conduit's helper session, started on first use."""
+    session = _SESSIONS.get(conduit)
+    if session is None:
+        session = _SESSIONS[conduit] = await open_session(conduit, log)
+    return session
+
+
+async def drop_session(conduit: Conduit, *, polite: bool = True) -> None:
+    """End the conduit's helper session: with ``bye``, or (not polite) by killing it."""
+    session = _SESSIONS.pop(conduit, None)
+    if session is not None:
+        if not polite:
+            session.broken = True
+        await session.close()
 
 
 async def open_session(

@@ -41,4 +41,5 @@ class Listing:
     excluded: int = 0
 
     def files(self) -> dict[str, Entry]:
-        return {p: e for p, e in self.entries.items() if e.kind == FILE}
+        """The regular files (``entries`` holds nothing else: the walks skip the rest)."""
+        return self.entries

@@ -6,10 +6,13 @@ and ``host_path`` is the only mapping from a relative path to a host path.
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from pathlib import Path
 
 from filesync.helper import split_rel
+
+# Unicode category Cc: C0, DEL and C1. One regex: this runs once per listed path.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def unsafe_reason(rel: str) -> str | None:
@@ -23,7 +26,7 @@ def unsafe_reason(rel: str) -> str | None:
         split_rel(rel)
     except ValueError:
         return "unsafe path (absolute, '..' or empty component)"
-    if any(unicodedata.category(c) == "Cc" for c in rel):
+    if _CONTROL.search(rel):
         return "control character in name"
     try:
         rel.encode("utf-8")

@@ -14,7 +14,7 @@ import xxhash
 
 from filesync.exclude import ExcludeRule
 from filesync.helper import walk
-from filesync.model import FILE, Entry, Listing, Skipped
+from filesync.model import Entry, Listing, Skipped
 from filesync.paths import unsafe_reason
 
 CHUNK = 1 << 20
@@ -55,13 +55,28 @@ def hash_file(path: str | Path, dir_fd: int | None = None) -> str:
         os.close(fd)
 
 
+#: Prefix of the stand-in digest of a file that was not read (see ``hash_needed``).
+UNREAD = "?"
+
+
 @dataclass(slots=True)
 class LocalScan:
-    """The host tree: its listing, each file's hash, and the stat cache to persist."""
+    """The host tree: its listing, each file's hash, and the stat cache to persist.
+
+    ``hashes`` holds a real digest for every cache hit and every file ``hash_needed``
+    read; a file nobody needs to compare (new on the host, absent remotely, no
+    ancestor) holds ``UNREAD + path`` instead and is hashed while it is uploaded.
+    """
 
     listing: Listing
     hashes: dict[str, str] = field(default_factory=dict)
-    cache_rows: list[tuple[str, int, int, int, str]] = field(default_factory=list)
+    cache_rows: dict[str, tuple[int, int, int, str]] = field(default_factory=dict)
+    misses: list[str] = field(default_factory=list)
+    started_ns: int = 0
+
+    def cacheable(self, entry: Entry) -> bool:
+        """Racy-timestamp rule: a file modified near the scan may change again unseen."""
+        return entry.mtime_ns < self.started_ns - RACY_NS
 
 
 def filter_unsafe(listing: Listing) -> None:
@@ -86,28 +101,49 @@ def list_local(root: Path, rule: ExcludeRule) -> Listing:
     return listing
 
 
+def scan_cached(
+    root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
+) -> LocalScan:
+    """List the host tree and take every hash the stat cache still vouches for.
+
+    Reads no file content, so it can run in a thread while the remote lists.
+    """
+    scan = LocalScan(list_local(root, rule), started_ns=time.time_ns())
+    for rel, entry in scan.listing.entries.items():
+        cached = cache.get(rel)
+        if cached is not None and cached[:3] == (entry.size, entry.mtime_ns, entry.ino):
+            scan.hashes[rel] = cached[3]
+            scan.cache_rows[rel] = cached
+        else:
+            scan.misses.append(rel)
+    return scan
+
+
+def hash_needed(scan: LocalScan, root: Path, needed: Callable[[str], bool]) -> None:
+    """Hash the cache misses that ``needed`` says will be compared with something."""
+    for rel in scan.misses:
+        if not needed(rel):
+            scan.hashes[rel] = UNREAD + rel
+            continue
+        entry = scan.listing.entries[rel]
+        try:
+            digest = hash_file(root / rel)
+        except OSError as exc:
+            del scan.listing.entries[rel]
+            scan.listing.skipped.append(Skipped(rel, f"unreadable: {exc.strerror}"))
+            continue
+        scan.hashes[rel] = digest
+        if scan.cacheable(entry):
+            scan.cache_rows[rel] = (entry.size, entry.mtime_ns, entry.ino, digest)
+    scan.misses = []
+
+
 def scan_local(
     root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
 ) -> LocalScan:
-    """List and hash the host tree, re-reading only files whose stat changed."""
-    now = time.time_ns()
-    scan = LocalScan(list_local(root, rule))
-    for rel, entry in list(scan.listing.entries.items()):
-        if entry.kind != FILE:
-            continue
-        cached = cache.get(rel)
-        if cached is not None and cached[:3] == (entry.size, entry.mtime_ns, entry.ino):
-            digest = cached[3]
-        else:
-            try:
-                digest = hash_file(root / rel)
-            except OSError as exc:
-                del scan.listing.entries[rel]
-                scan.listing.skipped.append(Skipped(rel, f"unreadable: {exc.strerror}"))
-                continue
-        scan.hashes[rel] = digest
-        if entry.mtime_ns < now - RACY_NS:
-            scan.cache_rows.append((rel, entry.size, entry.mtime_ns, entry.ino, digest))
+    """List and hash the whole host tree, re-reading only files whose stat changed."""
+    scan = scan_cached(root, rule, cache)
+    hash_needed(scan, root, lambda _rel: True)
     return scan
 
 

@@ -200,6 +200,17 @@ class PairState:
             conn.execute("DELETE FROM local_cache")
             conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", list(rows))
 
+    def update_local_cache(
+        self, upserts: Iterable[tuple[str, int, int, int, str]], deletes: Iterable[str]
+    ) -> None:
+        """Write only what changed: a no-op run of 100k files writes nothing."""
+        rows, gone = list(upserts), [(p,) for p in deletes]
+        if not rows and not gone:
+            return
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM local_cache WHERE path=?", gone)
+            conn.executemany("INSERT OR REPLACE INTO local_cache VALUES (?,?,?,?,?)", rows)
+
     def remote_cache(self) -> dict[str, tuple[int, int, str]]:
         rows = self.conn.execute("SELECT path, size, mtime_ns, hash FROM remote_cache")
         return {r[0]: (r[1], r[2], r[3]) for r in rows}

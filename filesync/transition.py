@@ -18,7 +18,7 @@ from filesync.helper import SAFETY_REASONS
 from filesync.model import Listing, Skipped
 from filesync.reconcile import Action, Kind, Version
 from filesync.remote import SendItem
-from filesync.scan import RACY_NS, HashingReader, LocalScan
+from filesync.scan import RACY_NS, UNREAD, HashingReader, LocalScan
 from filesync.state import Ancestor, ConflictRecord
 
 if TYPE_CHECKING:
@@ -127,7 +127,11 @@ async def _upload(p: Pass, local: LocalScan, remote: Listing, plan: list[Action]
     for out in outcomes:
         if out.status == "ok":
             r = readers[out.path]
-            mode = local.listing.entries[out.path].mode & 0o777
+            entry = local.listing.entries[out.path]
+            mode = entry.mode & 0o777
+            if local.hashes[out.path].startswith(UNREAD) and local.cacheable(entry):
+                # Read for the first time while sent: cache what was read.
+                local.cache_rows[out.path] = (entry.size, entry.mtime_ns, entry.ino, r.digest)
             rows.append((out.path, Ancestor(r.digest, r.size, mode, out.size, out.mtime_ns, p.now)))
             p.report.uploaded += 1
         else:
@@ -253,7 +257,11 @@ def _update_conflict_table(p: Pass, records: list[ConflictRecord], plan: list[Ac
 
 def _update_caches(p: Pass, local: LocalScan, plan: list[Action]) -> None:
     touched = {a.path for a in plan if a.kind in (Kind.DOWNLOAD, Kind.DELETE_LOCAL)}
-    p.state.replace_local_cache(r for r in local.cache_rows if r[0] not in touched)
+    new = {k: v for k, v in local.cache_rows.items() if k not in touched}
+    old = p.old_cache
+    p.state.update_local_cache(
+        [(k, *v) for k, v in new.items() if old.get(k) != v], old.keys() - new.keys()
+    )
     p.state.put_remote_cache(
         (path, s.size, s.mtime_ns, s.hash)
         for path, s in p.sink.staged.items()

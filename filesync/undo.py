@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from filesync.apply import HostOp, HostTree
-from filesync.engine import Options, open_session, recover
+from filesync.engine import Options, recover, session_for
 from filesync.errors import FilesyncError
 from filesync.scan import hash_file
 from filesync.state import Ancestor, PairState
@@ -25,18 +25,15 @@ async def undo_last(
     conduit: Conduit, local_root: Path, remote_path: str, opts: Options
 ) -> list[str]:
     """Undo the last pull of this pair; returns the restored paths."""
-    session = await open_session(conduit, opts.log)
+    session = await session_for(conduit, opts.log)
+    root = session.resolve_root(remote_path)
+    state = PairState.open(
+        opts.state_dir, str(local_root), conduit.identity, root, lock_timeout=opts.lock_timeout
+    )
     try:
-        root = session.resolve_root(remote_path)
-        state = PairState.open(
-            opts.state_dir, str(local_root), conduit.identity, root, lock_timeout=opts.lock_timeout
-        )
-        try:
-            return undo_in(state, local_root)
-        finally:
-            state.close()
+        return undo_in(state, local_root)
     finally:
-        await session.close()
+        state.close()
 
 
 def _latest(state: PairState) -> Path:
