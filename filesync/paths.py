@@ -13,6 +13,8 @@ from filesync.helper import split_rel
 
 # Unicode category Cc: C0, DEL and C1. One regex: this runs once per listed path.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Anything that needs the slow, exact check: empty, absolute, '.'/'..'/empty components.
+_SUSPECT = re.compile("^$|^/|//|(?:^|/)\\.\\.?(?:/|$)|/$|[\x00-\x1f\x7f-\x9f]")
 
 
 def unsafe_reason(rel: str) -> str | None:
@@ -22,6 +24,8 @@ def unsafe_reason(rel: str) -> str | None:
     characters (C0, DEL and C1) (names with newlines break line-based tools on the other side), and
     names that are not valid UTF-8.
     """
+    if not _SUSPECT.search(rel) and rel.isascii():
+        return None  # the common case, decided by one regex
     try:
         split_rel(rel)
     except ValueError:
