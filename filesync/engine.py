@@ -298,9 +298,13 @@ class Pass:
             p for p in self.remote_same
             if hashes.get(p) == anc[p].hash and entries[p].mode & 0o777 == anc[p].mode
         }
-        # A path whose remote version is unknown this run is left out entirely.
+        # A path whose version is unknown this run is left out entirely; so is all
+        # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
         unknown = {s.path for s in self.report.skipped}
         unknown |= remote.files().keys() - rv.keys() - self.remote_same
+        under = tuple(p.rstrip("/") + "/" for p in unknown)
+        if under:
+            unknown |= {p for p in anc.keys() | hashes.keys() | rv.keys() if p.startswith(under)}
         paths = (anc.keys() | hashes.keys() | rv.keys() | self.remote_same) - quiet - unknown
         for p in paths & self.remote_same:
             rv[p] = Version(anc[p].hash, anc[p].mode)

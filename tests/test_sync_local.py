@@ -375,3 +375,26 @@ def test_overall_deadline_stops_a_hanging_remote_cleanly(pair: Pair, tmp_path: P
     code, report = pair.run("push", "--timeout", "1", "--via", "sh -c 'sleep 30' --")
     assert code == 1 and "--timeout 1" in report["error"]
     assert not pair.remote.exists()
+
+
+def test_a_remote_dir_turned_symlink_deletes_nothing_on_the_host(pair: Pair) -> None:
+    pair.ok("push")
+    elsewhere = pair.remote.parent / "elsewhere"
+    (pair.remote / "pdf").rename(elsewhere)
+    os.symlink(elsewhere, pair.remote / "pdf")
+    report = pair.ok("pull")
+    assert report["deleted_local"] == 0
+    assert (pair.local / "pdf" / "SKILL.md").exists()
+    assert any(s["path"] == "pdf" and "symlink" in s["reason"] for s in report["skipped"])
+
+
+def test_a_local_dir_turned_symlink_deletes_nothing_on_the_remote(
+    pair: Pair, tmp_path: Path
+) -> None:
+    pair.ok("push")
+    moved = tmp_path / "moved-pdf"
+    (pair.local / "pdf").rename(moved)
+    os.symlink(moved, pair.local / "pdf")
+    report = pair.ok("push")
+    assert report["deleted_remote"] == 0
+    assert (pair.remote / "pdf" / "SKILL.md").exists()
