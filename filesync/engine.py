@@ -302,9 +302,7 @@ class Pass:
         # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
         unknown = {s.path for s in self.report.skipped}
         unknown |= remote.files().keys() - rv.keys() - self.remote_same
-        under = tuple(p.rstrip("/") + "/" for p in unknown)
-        if under:
-            unknown |= {p for p in anc.keys() | hashes.keys() | rv.keys() if p.startswith(under)}
+        unknown |= self._under_skipped(anc.keys() | hashes.keys() | rv.keys())
         paths = (anc.keys() | hashes.keys() | rv.keys() | self.remote_same) - quiet - unknown
         for p in paths & self.remote_same:
             rv[p] = Version(anc[p].hash, anc[p].mode)
@@ -315,6 +313,23 @@ class Pass:
         plan = reconcile(av, lv, rv, self.opts.direction)
         self.full_conflicts = {a.path for a in plan if a.kind is Kind.CONFLICT}
         return plan
+
+    def _under_skipped(self, paths: set[str]) -> set[str]:
+        """Paths inside a skipped dir, each reported: they are neither synced nor deleted."""
+        why = {s.path.rstrip("/") + "/": s.reason for s in self.report.skipped}
+        if not why:
+            return set()
+        prefixes = tuple(why)
+        inside = {p for p in paths if p.startswith(prefixes)}
+        for p in sorted(inside):
+            parent = next(d for d in prefixes if p.startswith(d))
+            reason = why[parent]
+            if "symlink" in reason:
+                reason = "symlink in path (not followed)"
+            else:
+                reason = f"inside {parent.rstrip('/')}, which was skipped: {reason}"
+            self.report.skipped.append(Skipped(p, reason))
+        return inside
 
     def guard_deletions(self, plan: list[Action], anc: dict[str, Ancestor]) -> None:
         deletes = sum(
