@@ -13,7 +13,8 @@ Guarantees of the remote side:
 - nothing outside the root is read or written: every path is opened component by
   component with ``O_NOFOLLOW`` relative to the root's descriptor;
 - a replaced file is written to a temp name in its directory, fsynced and renamed,
-  and only if it still has the size and mtime the client saw (else "changed");
+  and only if it still has the size and mtime the client saw (else "changed"), as
+  checked right before the rename;
 - existing directories are never chmodded; created ones get the default mode.
 """
 
@@ -23,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import posixpath
 import re
 import stat
 import struct
@@ -38,6 +40,13 @@ TEMP_SUFFIX = ".tmp"
 _TEMP_RE = re.compile(r"^\.filesync\.(\d+)\.\d+\.tmp$")
 _HEADER = struct.Struct(">cI")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: Output is gathered into writes of about this size: a fetch of many small files then
+#: costs one pipe write (and one SSH packet run) per 256 KiB, not two per file.
+FLUSH_AT = 1 << 18
+#: Data chunks at least this big skip the gathering buffer (no copy).
+_DIRECT = 1 << 16
+#: The ``E`` frame a client sends for a file it read whole (decoded without json).
+_END_OK = (b'{"ok": true}', b'{"ok":true}')
 
 
 class Matcher:
@@ -108,6 +117,9 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
     entries: list[list[Any]] = []
     skipped: list[list[str]] = []
     excluded = 0
+    matches = matcher.matches
+    add = entries.append
+    s_isdir, s_isreg, s_islnk = stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
     stack = [(root, "")]
     while stack:
         path, prefix = stack.pop()
@@ -118,29 +130,28 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
             continue
         with it:
             for entry in it:
-                rel = prefix + entry.name
+                name = entry.name
+                rel = prefix + name
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
                 mode = st.st_mode
-                if stat.S_ISDIR(mode):
-                    if matcher.matches(rel, True):
+                if s_isdir(mode):
+                    if matches(rel, True):
                         excluded += 1
                     else:
                         stack.append((entry.path, rel + "/"))
-                elif matcher.matches(rel, False):
+                elif matches(rel, False):
                     excluded += 1
-                elif stat.S_ISREG(mode):
-                    if is_temp_name(entry.name):
-                        if _stale_temp(entry.name):
+                elif s_isreg(mode):
+                    if name.startswith(TEMP_PREFIX) and is_temp_name(name):
+                        if _stale_temp(name):
                             _unlink_quiet(entry.path)
                         continue
-                    entries.append(
-                        [rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
-                         st.st_nlink]
-                    )
-                elif stat.S_ISLNK(mode):
+                    add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
+                         st.st_nlink])
+                elif s_islnk(mode):
                     skipped.append([rel, "symlink (not followed)"])
                 else:
                     skipped.append([rel, "special file (fifo, socket or device)"])
@@ -154,6 +165,24 @@ def _is_int(value: object) -> bool:
 def _unlink_quiet(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def home_dir() -> str:
+    """The home directory ``~`` stands for (``$HOME``, else the password database)."""
+    return os.path.expanduser("~")
+
+
+def resolve_root(path: str, cwd: str, home: str) -> str:
+    """The absolute, normalized root for ``path`` as the user wrote it.
+
+    ``~`` and ``~/...`` are relative to ``home``; other relative paths to ``cwd`` (over
+    SSH that is the home too, through ``docker exec`` the container's working dir).
+    ``~user`` is not expanded. The client resolves roots with this same function, so
+    what it records in its state is what the helper uses.
+    """
+    if path == "~" or path.startswith("~/"):
+        path = posixpath.join(home, path[2:])
+    return posixpath.normpath(posixpath.join(cwd, path))
 
 
 def split_rel(rel: str) -> list[str]:
@@ -172,20 +201,7 @@ def open_parent(root_fd: int, parts: list[str], create: bool) -> int:
     fd = os.dup(root_fd)
     try:
         for part in parts[:-1]:
-            try:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except NotADirectoryError:
-                # Linux says ENOTDIR for O_DIRECTORY|O_NOFOLLOW on a symlink: name it.
-                st = _stat_at(fd, part)
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    raise OSError(errno.ELOOP, "symlink in path", part) from None
-                raise
+            nfd = _open_dir(fd, part, create)
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -231,11 +247,17 @@ class BadRequest(Exception):
 
 
 class Channel:
-    """Framed I/O over a pair of binary streams."""
+    """Framed I/O over a pair of binary streams.
+
+    Frames written are gathered in a buffer and go out in writes of about ``FLUSH_AT``
+    bytes (big data chunks straight through); ``flush`` (done by every reply) sends
+    what is pending. Nothing is left pending while the helper waits for input.
+    """
 
     def __init__(self, inp: IO[bytes], out: IO[bytes]) -> None:
         self.inp = inp
         self.out = out
+        self._pending = bytearray()
 
     def read_frame(self) -> tuple[bytes, bytes] | None:
         head = self.inp.read(_HEADER.size)
@@ -268,16 +290,96 @@ class Channel:
             raise BadRequest(f"{kind!r} frame is not a JSON object")
         return kind, obj
 
-    def write(self, kind: bytes, payload: bytes) -> None:
-        self.out.write(_HEADER.pack(kind, len(payload)))
-        self.out.write(payload)
+    def write(self, kind: bytes, payload: bytes, flush: bool = False) -> None:
+        """Queue one frame; ``flush`` sends it (and everything before it) at once."""
+        pending = self._pending
+        pending += _HEADER.pack(kind, len(payload))
+        if len(payload) >= _DIRECT:
+            self.out.write(pending)
+            pending.clear()
+            self.out.write(payload)
+        else:
+            pending += payload
+            if len(pending) >= FLUSH_AT:
+                self.out.write(pending)
+                pending.clear()
+        if flush:
+            self.flush()
 
-    def send_json(self, obj: dict[str, Any], kind: bytes = b"J") -> None:
+    def flush(self) -> None:
+        if self._pending:
+            self.out.write(self._pending)
+            self._pending.clear()
+        self.out.flush()
+
+    def send_json(self, obj: dict[str, Any], kind: bytes = b"J", flush: bool = True) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
         if kind == b"Z":
             data = zlib.compress(data, 6)
-        self.write(kind, data)
-        self.out.flush()
+        self.write(kind, data, flush)
+
+
+class _Dirs:
+    """Directory descriptors of one request, kept from one file to the next.
+
+    Holds the chain of directories leading to the last one used: files sent in path
+    order reuse it, and only the components that differ are opened (each one
+    ``O_NOFOLLOW`` relative to its opened parent, as ``open_parent`` does) or closed.
+    The chain is bounded by the path depth. Like any open descriptor, a cached one
+    keeps naming its directory if that is renamed meanwhile; a directory's own
+    owner can do that, nobody can make it follow a symlink.
+    """
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.names: list[str] = []
+        self.fds: list[int] = []
+
+    def parent(self, parts: list[str], create: bool) -> int:
+        """The descriptor of the directory holding ``parts[-1]`` (owned by this cache)."""
+        dirs = parts[:-1]
+        names = self.names
+        keep = 0
+        limit = min(len(dirs), len(names))
+        while keep < limit and dirs[keep] == names[keep]:
+            keep += 1
+        self._close_from(keep)
+        fd = self.fds[-1] if self.fds else self.root_fd
+        for part in dirs[keep:]:
+            fd = _open_dir(fd, part, create)
+            self.names.append(part)
+            self.fds.append(fd)
+        return fd
+
+    def forget(self) -> None:
+        """Drop the cached chain (a directory of it went away meanwhile)."""
+        self._close_from(0)
+
+    def _close_from(self, depth: int) -> None:
+        while len(self.fds) > depth:
+            os.close(self.fds.pop())
+            self.names.pop()
+
+    def close(self) -> None:
+        self._close_from(0)
+
+
+def _open_dir(fd: int, part: str, create: bool) -> int:
+    """Open the directory ``part`` in ``fd`` without following a symlink."""
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(part, 0o777, dir_fd=fd)
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except NotADirectoryError:
+        # Linux says ENOTDIR for O_DIRECTORY|O_NOFOLLOW on a symlink: name it.
+        st = _stat_at(fd, part)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "symlink in path", part) from None
+        raise
 
 
 class Server:
@@ -286,15 +388,24 @@ class Server:
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
         self.counter = 0
+        self.cwd = os.getcwd()
+        home = home_dir()
+        self.home = home if home.startswith("/") else self.cwd
+
+    def hello(self) -> dict[str, Any]:
+        return {"hello": PROTOCOL, "cwd": self.cwd, "home": self.home, "pid": os.getpid()}
+
+    def resolve(self, root: str) -> str:
+        return resolve_root(root, self.cwd, self.home)
 
     def root_fd(self, root: str, create: bool) -> int:
-        path = os.path.abspath(os.path.expanduser(root))
+        path = self.resolve(root)
         if create:
             os.makedirs(path, exist_ok=True)
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
 
     def op_list(self, req: dict[str, Any]) -> None:
-        root = os.path.abspath(os.path.expanduser(req["root"]))
+        root = self.resolve(req["root"])
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         if reply["is_dir"]:
@@ -305,38 +416,41 @@ class Server:
 
     def op_fetch(self, req: dict[str, Any]) -> None:
         rfd = self.root_fd(req["root"], False)
+        dirs = _Dirs(rfd)
         try:
             for rel in req["paths"]:
-                self._send_one(rfd, rel)
+                self._send_one(dirs, rel)
         finally:
+            dirs.close()
             os.close(rfd)
         self.chan.send_json({"done": True})
 
-    def _send_one(self, rfd: int, rel: str) -> None:
+    def _send_one(self, dirs: _Dirs, rel: str) -> None:
         try:
             parts = split_rel(rel)
-            pfd = open_parent(rfd, parts, False)
-            try:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
-            finally:
-                os.close(pfd)
+            pfd = dirs.parent(parts, False)
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
         except (OSError, ValueError) as exc:
-            self.chan.send_json({"path": rel, "error": _reason(exc)}, b"H")
+            self.chan.send_json({"path": rel, "error": _reason(exc)}, b"H", False)
             return
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                self.chan.send_json({"path": rel, "error": "not a regular file"}, b"H")
+                self.chan.send_json({"path": rel, "error": "not a regular file"}, b"H", False)
                 return
             head = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                     "mode": st.st_mode & 0o7777}
-            self.chan.send_json(head, b"H")
-            while chunk := os.read(fd, CHUNK):
+            self.chan.send_json(head, b"H", False)
+            # Read one byte past the announced size, so that a small file costs one
+            # read and an end-of-file read, without a 1 MiB buffer each.
+            left = st.st_size
+            while chunk := os.read(fd, min(CHUNK, left + 1) if left >= 0 else CHUNK):
+                left -= len(chunk)
                 self.chan.write(b"D", chunk)
             after = os.fstat(fd)
             torn = (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
             end = {"ok": False, "error": "changed while being read"} if torn else {"ok": True}
-            self.chan.send_json(end, b"E")
+            self.chan.send_json(end, b"E", False)
         finally:
             os.close(fd)
 
@@ -347,18 +461,20 @@ class Server:
         except OSError as exc:
             # Keep consuming the stream so that the protocol stays in step.
             rfd, error = -1, _reason(exc)
+        dirs = _Dirs(rfd)
         try:
             for _ in range(req["count"]):
                 frame = self.chan.read_json()
                 if frame is None or frame[0] != b"H":
                     raise EOFError("stream ended mid-send")
-                results.append(self._receive_one(rfd, frame[1], error))
+                results.append(self._receive_one(dirs, frame[1], error))
         finally:
+            dirs.close()
             if rfd >= 0:
                 os.close(rfd)
         self.chan.send_json({"results": results}, b"Z")
 
-    def _receive_one(self, rfd: int, head: dict[str, Any], error: str) -> list[Any]:
+    def _receive_one(self, dirs: _Dirs, head: dict[str, Any], error: str) -> list[Any]:
         rel: Any = head.get("path")
         mode: Any = head.get("mode")
         mtime_ns: Any = head.get("mtime_ns")
@@ -368,9 +484,10 @@ class Server:
             or (isinstance(expect, list) and len(expect) == 2 and all(map(_is_int, expect)))
         )):
             raise BadRequest("malformed file header")
-        sink = _TempFile(rfd, rel, self._temp_name(), error)
+        sink = _TempFile(dirs, rel, self._temp_name(), error)
+        read_frame = self.chan.read_frame
         while True:
-            frame = self.chan.read_frame()
+            frame = read_frame()
             if frame is None:
                 sink.abort()
                 raise EOFError("stream ended mid-file")
@@ -378,6 +495,8 @@ class Server:
             if kind == b"D":
                 sink.write(payload)
                 continue
+            if kind == b"E" and payload in _END_OK:
+                return sink.commit(mode, mtime_ns, expect)
             try:
                 end = json.loads(payload) if kind == b"E" else None
             except (ValueError, RecursionError):
@@ -406,20 +525,30 @@ class Server:
 
 
 class _TempFile:
-    """A temp file beside the target, committed by rename only if the target is unchanged."""
+    """A temp file beside the target, committed by rename only if the target is unchanged.
 
-    def __init__(self, rfd: int, rel: str, temp: str, error: str) -> None:
+    The parent directory's descriptor belongs to ``dirs`` (shared by the files of one
+    request); only the temp file's own descriptor is this object's.
+    """
+
+    def __init__(self, dirs: _Dirs, rel: str, temp: str, error: str) -> None:
         self.rel, self.temp = rel, temp
         self.error = error
         self.pfd = -1
         self.fd = -1
         if error:
             return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         try:
             self.parts = split_rel(rel)
-            self.pfd = open_parent(rfd, self.parts, True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-            self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
+            try:
+                self.pfd = dirs.parent(self.parts, True)
+                self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
+            except FileNotFoundError:
+                # A cached parent was removed since the last file: open the path afresh.
+                dirs.forget()
+                self.pfd = dirs.parent(self.parts, True)
+                self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
         except (OSError, ValueError) as exc:
             self.error = _reason(exc)
             self._close()
@@ -441,8 +570,12 @@ class _TempFile:
             return [self.rel, "error", self.error]
         try:
             os.fchmod(self.fd, mode & 0o7777)
+            # Durability before the rename, so that a power loss on the remote never
+            # leaves a replaced file empty or torn. Free on tmpfs (3k-file send: 78 vs
+            # 77 ms), the main cost on a disk (ext4 on virtio: 643 vs 110 ms); kept.
             os.fsync(self.fd)
             os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+            # What the file system stored (it may keep coarser times than asked for).
             st = os.fstat(self.fd)
             if not unchanged(_stat_at(self.pfd, self.parts[-1]), expect):
                 self.abort()
@@ -461,9 +594,8 @@ class _TempFile:
         self._close()
 
     def _close(self) -> None:
-        for fd in (self.fd, self.pfd):
-            if fd >= 0:
-                os.close(fd)
+        if self.fd >= 0:
+            os.close(self.fd)
         self.fd = self.pfd = -1
 
 
@@ -517,7 +649,7 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         "send": server.op_send,
         "delete": server.op_delete,
     }
-    chan.send_json({"hello": PROTOCOL, "cwd": os.getcwd(), "pid": os.getpid()})
+    chan.send_json(server.hello())
     while True:
         try:
             frame = chan.read_json()

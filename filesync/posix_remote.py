@@ -98,6 +98,7 @@ class Tools:
 _PROBE = r"""
 LC_ALL=C; export LC_ALL
 printf 'cwd=%s\n' "$(pwd -P 2>/dev/null || pwd)"
+printf 'home=%s\n' "$HOME"
 if command -v tar >/dev/null 2>&1; then
   printf 'tar=%s\n' "$(tar --version 2>/dev/null | head -n 1)"
   printf '/dev/null\n' | tar -cf - -T - >/dev/null 2>&1 && echo tarlist=1
@@ -679,10 +680,18 @@ class PosixSession(RemoteSession):
         self._running: set[RemoteProcess] = set()
 
     @classmethod
-    async def start(cls, conduit: Conduit, *, tools: Tools | None = None) -> RemoteSession:
+    async def start(
+        cls,
+        conduit: Conduit,
+        *,
+        list_first: tuple[str, ExcludeRule] | None = None,
+        tools: Tools | None = None,
+    ) -> RemoteSession:
         """Probe the remote's tools in one command; ``TransportError`` naming what is missing.
 
         ``tools`` overrides what is detected (tests use it to force a flavour).
+        ``list_first`` is accepted for ``RemoteSession.start``'s sake and ignored: every
+        operation here is its own command, started when it is asked for.
         """
         proc = await conduit.start(_PROBE)
         await proc.write_eof()
@@ -708,7 +717,8 @@ class PosixSession(RemoteSession):
                        else STAT_C if facts["stat"][0] == "c" else STAT_F)
             tools = Tools(flavour, "tarnorec" in facts, "xargs0" in facts,
                           "tarnounquote" in facts, facts["tar"][0])
-        hello = {"cwd": facts["cwd"][0], "posix": True, "flavour": tools.flavour}
+        hello = {"cwd": facts["cwd"][0], "home": facts.get("home", [""])[0], "posix": True,
+                 "flavour": tools.flavour}
         return cls(conduit, proc, hello, tools)
 
     # -- plumbing ---------------------------------------------------------------------

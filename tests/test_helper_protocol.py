@@ -208,7 +208,8 @@ def expect_of(p: Path) -> list[int]:
 
 
 def test_hello_then_bye(client: Client) -> None:
-    assert client.hello == {"hello": PROTOCOL, "cwd": os.getcwd(), "pid": os.getpid()}
+    assert client.hello == {"hello": PROTOCOL, "cwd": os.getcwd(),
+                            "home": os.path.expanduser("~"), "pid": os.getpid()}
     assert client.request({"op": "bye"}) == {"bye": True}
     client.thread.join(30)
     assert not client.thread.is_alive()

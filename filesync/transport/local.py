@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 
 from filesync.errors import ConnectionLost
@@ -66,8 +67,31 @@ class SubprocessProcess(RemoteProcess):
             os.killpg(self._proc.pid, signal.SIGKILL)
 
 
+def command_argv(prefix: list[str], command: str) -> list[str]:
+    """The argv that runs ``command`` (a POSIX shell command line) through ``prefix``.
+
+    A prefix either runs its arguments as they are (``docker exec -i NAME``, ``sudo``,
+    ``nsenter``, ``kubectl exec -i POD --``), or joins them with spaces into one line
+    that a shell on the far side parses again (``ssh HOST`` hands it to the login shell),
+    and filesync cannot tell which. So the arguments are ``sh -c ': ; exec sh -c Q'``
+    with ``Q`` the shell-quoted command, which does the same either way:
+
+    - run as they are: ``sh`` runs the script ``: ; exec sh -c Q``, so a second ``sh``
+      runs the command (``Q`` loses its quotes in that parse);
+    - joined and parsed again: the line is ``sh -c : ; exec sh -c Q``, so the far
+      shell runs ``sh -c :`` (nothing), then execs ``sh`` on the command.
+
+    With no prefix the command runs in ``sh -c COMMAND`` directly. The one assumption
+    of the joined case is that the far shell parses POSIX quotes and ``;`` (sh, bash,
+    dash, ksh, zsh; not csh or fish), as ``ssh HOST 'cmd'`` itself assumes.
+    """
+    if not prefix:
+        return ["sh", "-c", command]
+    return [*prefix, "sh", "-c", f": ; exec sh -c {shlex.quote(command)}"]
+
+
 class CommandConduit(Conduit):
-    """Runs each command as ``PREFIX sh -c COMMAND`` (PREFIX empty for local)."""
+    """Runs each command through ``PREFIX`` (see ``command_argv``), or locally in ``sh``."""
 
     def __init__(self, prefix: list[str], identity: str) -> None:
         self._prefix = prefix
@@ -76,7 +100,7 @@ class CommandConduit(Conduit):
         self._procs: list[SubprocessProcess] = []
 
     async def start(self, command: str) -> RemoteProcess:
-        argv = [*self._prefix, "sh", "-c", command]
+        argv = command_argv(self._prefix, command)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

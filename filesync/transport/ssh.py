@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes.util
 import getpass
 import os
 import signal
@@ -23,10 +24,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncssh
-
 from filesync.errors import ConnectionLost, TransportError
 from filesync.transport.base import Conduit, RemoteProcess
+
+# asyncssh.crypto.pq looks for liboqs at import with ctypes.util.find_library("oqs")
+# and ("liboqs"); on Linux each call runs `ldconfig -p` (and may try gcc and ld), ~18 ms
+# of every CLI start. liboqs only adds the sntrup761 key exchange, which filesync does
+# not want (it prefers curve25519; ML-KEM still comes from `cryptography`), so the
+# lookup is answered "not found" for those two names during the import, and the real
+# function is put back right after. Where liboqs is installed, sntrup761 is merely
+# unavailable; nothing else changes (if asyncssh was imported before, this is a no-op).
+_real_find_library = ctypes.util.find_library
+
+
+def _find_library_without_oqs(name: str) -> str | None:
+    return None if name in ("oqs", "liboqs") else _real_find_library(name)
+
+
+ctypes.util.find_library = _find_library_without_oqs
+try:
+    import asyncssh
+finally:
+    ctypes.util.find_library = _real_find_library
 
 __all__ = ["SshConduit", "SshProcess", "SshTarget", "connect"]
 
