@@ -355,7 +355,8 @@ async def run_pass(
 
     started = time.monotonic()
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
-    session = await session_for(conduit, opts.log)
+    # The first listing rides behind the helper's source: no round trip is waited for.
+    session = await session_for(conduit, opts.log, (remote_path, opts.rule))
     ok = False
     try:
         remote_root = session.resolve_root(remote_path)
@@ -410,12 +411,14 @@ _SESSIONS: weakref.WeakKeyDictionary[Conduit, RemoteSession] = weakref.WeakKeyDi
 
 
 async def session_for(
-    conduit: Conduit, log: Callable[[str], None] | None = None
+    conduit: Conduit,
+    log: Callable[[str], None] | None = None,
+    list_first: tuple[str, ExcludeRule] | None = None,
 ) -> RemoteSession:
-    """The conduit's helper session, started on first use."""
+    """The conduit's helper session, started on first use (``list_first``: see start)."""
     session = _SESSIONS.get(conduit)
     if session is None:
-        session = _SESSIONS[conduit] = await open_session(conduit, log)
+        session = _SESSIONS[conduit] = await open_session(conduit, log, list_first)
     return session
 
 
@@ -429,11 +432,15 @@ async def drop_session(conduit: Conduit, *, polite: bool = True) -> None:
 
 
 async def open_session(
-    conduit: Conduit, log: Callable[[str], None] | None = None
+    conduit: Conduit,
+    log: Callable[[str], None] | None = None,
+    list_first: tuple[str, ExcludeRule] | None = None,
 ) -> RemoteSession:
     """Start the python3 helper on the remote, or the POSIX fallback where it has none."""
     try:
-        return await RemoteSession.start(conduit)
+        if list_first is None:
+            return await RemoteSession.start(conduit)
+        return await RemoteSession.start(conduit, list_first=list_first)
     except NoPython:
         from filesync.posix_remote import PosixSession
 

@@ -252,7 +252,9 @@ def pair(tmp_path: Path) -> Pair:
 def force_fallback(monkeypatch: pytest.MonkeyPatch, tools: posix_remote.Tools | None) -> None:
     """The local transport without python3 (as far as filesync can tell), with ``tools``."""
 
-    async def no_python(cls: type[RemoteSession], conduit: Conduit) -> RemoteSession:
+    async def no_python(
+        cls: type[RemoteSession], conduit: Conduit, **_kwargs: object
+    ) -> RemoteSession:
         raise NoPython("forced by the test")
 
     monkeypatch.setattr(RemoteSession, "start", classmethod(no_python))
