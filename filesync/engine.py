@@ -316,19 +316,26 @@ class Pass:
 
     def _under_skipped(self, paths: set[str]) -> set[str]:
         """Paths inside a skipped dir, each reported: they are neither synced nor deleted."""
-        why = {s.path.rstrip("/") + "/": s.reason for s in self.report.skipped}
+        why = {s.path.rstrip("/"): s.reason for s in self.report.skipped}
         if not why:
             return set()
-        prefixes = tuple(why)
-        inside = {p for p in paths if p.startswith(prefixes)}
-        for p in sorted(inside):
-            parent = next(d for d in prefixes if p.startswith(d))
+        inside: set[str] = set()
+        for p in sorted(paths):
+            parent, cut = p, p.rfind("/")
+            while cut > 0:  # walk up the parents: O(depth), whatever the number of skips
+                parent = parent[:cut]
+                if parent in why:
+                    break
+                cut = parent.rfind("/")
+            else:
+                continue
             reason = why[parent]
             if "symlink" in reason:
                 reason = "symlink in path (not followed)"
             else:
-                reason = f"inside {parent.rstrip('/')}, which was skipped: {reason}"
+                reason = f"inside {parent}, which was skipped: {reason}"
             self.report.skipped.append(Skipped(p, reason))
+            inside.add(p)
         return inside
 
     def guard_deletions(self, plan: list[Action], anc: dict[str, Ancestor]) -> None:

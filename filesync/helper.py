@@ -53,7 +53,9 @@ class Matcher:
     """The exclusion rule: directory names pruned at any depth plus gitignore regexes.
 
     ``patterns`` are ``(regex, include)`` pairs compiled by pathspec's GitIgnoreSpec;
-    ``matches`` applies the same priority rule as pathspec's GitIgnoreSpec backend.
+    ``matches`` applies pathspec's GitIgnoreSpec priority rule in forward order (the
+    order pathspec 0.12 used; pathspec 1.x's default reverse order disagrees with git
+    where a dir pattern meets a negation, see tests/test_exclude.py).
     """
 
     def __init__(self, names: list[str], patterns: list[tuple[str, bool]]) -> None:
