@@ -533,3 +533,22 @@ async def test_command_ending_early_is_not_reported_as_a_lost_connection(
     assert "remote command" in str(err.value)
     assert "ended mid-stream" in str(err.value)
     assert await proc.wait() == 0
+
+
+async def test_dev_null_as_ssh_config_means_no_config(tmp_path: Path) -> None:
+    from filesync.sshserver import start_server
+    from filesync.transport.ssh import SshTarget, connect
+
+    server = await start_server(tmp_path)
+    try:
+        conduit = await connect(
+            SshTarget(server.host, port=server.port), ssh_config=Path("/dev/null"),
+            identity=server.client_key, known_hosts=server.known_hosts,
+        )
+        try:
+            done = await conduit.run("echo hello")
+            assert done.stdout == b"hello\n"
+        finally:
+            await conduit.close()
+    finally:
+        await server.close()

@@ -672,7 +672,8 @@ async def connect(
     Raises ``TransportError`` with a one-line message naming the cause and the fix.
     """
     if ssh_config is not None:
-        if not ssh_config.is_file():
+        # Any readable file, /dev/null included (``ssh -F /dev/null``: no config at all).
+        if not (ssh_config.exists() and not ssh_config.is_dir()):
             raise TransportError(f"ssh config {ssh_config} does not exist; check the path")
         config_paths = [ssh_config]
     else:
