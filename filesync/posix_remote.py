@@ -729,6 +729,13 @@ class PosixSession(RemoteSession):
         # stderr is drained all along: a chatty command must never block on a full pipe.
         return proc, asyncio.create_task(proc.read_stderr())
 
+    def _abandon(self, proc: RemoteProcess, *tasks: asyncio.Future[Any]) -> None:
+        """Stop a command that failed midway, and the tasks reading or feeding it."""
+        for task in tasks:
+            task.cancel()
+        proc.kill()
+        self._running.discard(proc)
+
     async def _finish(self, proc: RemoteProcess, err: asyncio.Task[bytes]) -> str:
         """Wait for the command's end; its stderr's last line."""
         try:
@@ -795,9 +802,7 @@ class PosixSession(RemoteSession):
             await proc.write_eof()
             await _Lines(proc).rest()
         except BaseException:
-            proc.kill()
-            self._running.discard(proc)
-            err.cancel()
+            self._abandon(proc, err)
             raise
         await self._finish(proc, err)
 
@@ -877,9 +882,7 @@ class PosixSession(RemoteSession):
             rest = _Lines(proc)
             region = bridge.tail + await rest.rest()
         except BaseException:
-            proc.kill()
-            self._running.discard(proc)
-            err.cancel()
+            self._abandon(proc, err)
             raise
         stderr_line = await self._finish(proc, err)
         trailer = _trailer(region, nonce)
@@ -946,10 +949,7 @@ class PosixSession(RemoteSession):
             await proc.write_eof()
             lines = (await out.rest()).decode("utf-8", "surrogateescape").splitlines()
         except BaseException:
-            writer.cancel()
-            proc.kill()
-            self._running.discard(proc)
-            err.cancel()
+            self._abandon(proc, err, writer)
             raise
         stderr_line = await self._finish(proc, err)
         return self._send_results(numbered, refused, local_errors, sent, lines, remote_pid,
@@ -1076,10 +1076,7 @@ class PosixSession(RemoteSession):
                 lines = (await _Lines(proc).rest()).decode("utf-8", "surrogateescape")
                 await writer
             except BaseException:
-                writer.cancel()
-                proc.kill()
-                self._running.discard(proc)
-                err.cancel()
+                self._abandon(proc, err, writer)
                 raise
             stderr_line = await self._finish(proc, err)
             results.update(self._delete_results(asked, lines.splitlines(), stderr_line))
