@@ -7,15 +7,20 @@ safety guard. Expected failures print one line, ``filesync: error: ...``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import sqlite3
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filesync.errors import FilesyncError, UsageError
+
+if TYPE_CHECKING:
+    from filesync.commands import Conduits
+
+#: Commands that may run through the persistent agent (``--persist``).
+AGENT_COMMANDS = frozenset({"push", "pull", "sync", "status", "resolve", "undo"})
 
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -27,6 +32,21 @@ def _size(text: str) -> int:
         return int(float(value[: len(value) - len(unit)]) * UNITS[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 2G") from None
+
+
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def _duration(text: str) -> float:
+    value = text.strip().lower()
+    unit = value[-1] if value and value[-1] in _SECONDS else ""
+    try:
+        seconds = float(value[: len(value) - len(unit)]) * _SECONDS[unit]
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90, 10m or 1h")
+    return seconds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +90,11 @@ def _common(
                    help="overall deadline of a run (0: none); a late run stops cleanly")
     p.add_argument("--max-file-size", type=_size, default=1 << 30, metavar="SIZE")
     p.add_argument("--max-pull-bytes", type=_size, default=2 << 30, metavar="SIZE")
+    p.add_argument("--persist", type=_duration, metavar="DURATION",
+                   default=os.environ.get("FILESYNC_PERSIST") or None,
+                   help="run through a background agent that keeps connections open for"
+                   " DURATION after the last run, like ssh's ControlPersist (env"
+                   " FILESYNC_PERSIST; 0 or unset: no agent)")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.add_argument("-q", "--quiet", action="store_true")
 
@@ -95,7 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
     snippet = sub.add_parser("profile-snippet", help="print an /etc/profile.d PATH snippet")
     snippet.add_argument("dirs", nargs="+", metavar="DIR")
+    agent = sub.add_parser("agent", help="show or stop the persistent agent (see --persist)")
+    agent.add_argument("action", choices=("status", "stop"))
+    agent.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
+
+
+def parse(args_list: Sequence[str]) -> argparse.Namespace:
+    """Parse a command line; raise ``UsageError`` (exit 2) on bad input."""
+    args = build_parser().parse_args(args_list)
+    if args.command is None:
+        raise UsageError("no command given; run 'filesync --help' for the list")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,26 +139,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
     try:
-        args = build_parser().parse_args(args_list)
-        if args.command is None:
-            raise UsageError("no command given; run 'filesync --help' for the list")
-        code = _dispatch(args)
-    except FilesyncError as exc:
+        args = parse(args_list)
+        if args.command == "agent":
+            from filesync.agent_client import agent_command
+
+            return agent_command(args.action, args_list)
+        if args.command in AGENT_COMMANDS and args.persist:
+            # Imported here: the agent path must stay free of asyncio and asyncssh.
+            from filesync.agent_client import run_via_agent
+
+            code = run_via_agent(args_list, args.persist, bool(args.verbose))
+            if code is not None:
+                return code
+        return _dispatch(args)
+    except BaseException as exc:
+        return handle_failure(exc, json_mode)
+
+
+async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:
+    """What ``main`` does for a pass command, run on the agent's loop with its conduits."""
+    from filesync.commands import run_command
+
+    try:
+        return await run_command(parse(args_list), conduits)
+    except BaseException as exc:
+        return handle_failure(exc, "--json" in args_list)
+
+
+def handle_failure(exc: BaseException, json_mode: bool) -> int:
+    """Turn an expected failure into its one line (and JSON) and exit code; re-raise the rest."""
+    if isinstance(exc, FilesyncError):
         _fail(exc, json_mode)
         return exc.exit_code
-    except KeyboardInterrupt:
+    if isinstance(exc, KeyboardInterrupt):
         print("filesync: error: interrupted; rerun to finish, nothing was half-applied",
               file=sys.stderr)
         return 130
-    except (OSError, sqlite3.Error) as exc:
+    sqlite3 = sys.modules.get("sqlite3")  # not imported for --help or the agent client
+    if isinstance(exc, OSError) or (sqlite3 is not None and isinstance(exc, sqlite3.Error)):
         # Last line of defence (a full disk under the state dir, a vanished directory):
         # one line, exit 1. What was applied is journaled; a rerun finishes or redoes it.
         _fail(FilesyncError(_system_error(exc)), json_mode)
         return 1
-    return code
+    raise exc
 
 
-def _system_error(exc: OSError | sqlite3.Error) -> str:
+def _system_error(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         text = f"{exc.strerror or exc}{where}"
@@ -153,6 +215,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from filesync.demo import run_demo
 
         return run_demo(args.keep_dir)
+    import asyncio
+
     from filesync.commands import run_command
 
     return asyncio.run(run_command(args))

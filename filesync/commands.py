@@ -13,13 +13,14 @@ from typing import Any
 
 from filesync.config import load_config
 from filesync.engine import Options, Report, drop_session, run_pass
-from filesync.errors import FilesyncError, UsageError
+from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.exclude import ExcludeRule
 from filesync.mapping import UPLOAD_ONLY
 from filesync.progress import tty_progress
 from filesync.reconcile import Action, Direction, Kind
 from filesync.state import default_state_dir
 from filesync.target import ConnectOptions, Target, open_conduit, parse_remote
+from filesync.transport.base import Conduit
 
 
 def _log(args: argparse.Namespace) -> Any:
@@ -68,6 +69,22 @@ def connect_options(args: argparse.Namespace) -> ConnectOptions:
     )
 
 
+class Conduits:
+    """Where a command gets its conduits: the CLI opens one per remote and closes it after.
+
+    The persistent agent (``filesync.agent``) subclasses this to keep them open between
+    commands. ``acquire`` says whether the conduit was reused, so that a pass that finds a
+    reused connection dead can be retried once on a fresh one.
+    """
+
+    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
+        return await open_conduit(target, opts), False
+
+    async def release(self, conduit: Conduit, healthy: bool) -> None:
+        await drop_session(conduit, polite=healthy)
+        await conduit.close()
+
+
 @dataclass
 class Job:
     """Passes that share one connection: one remote, one or more mappings."""
@@ -76,31 +93,38 @@ class Job:
     passes: list[tuple[str, Path, str, Options]]  # (label, local root, remote path, opts)
 
 
-async def run_command(args: argparse.Namespace) -> int:
-    """Run push/pull/sync/status/resolve/undo."""
+async def run_command(args: argparse.Namespace, conduits: Conduits | None = None) -> int:
+    """Run push/pull/sync/status/resolve/undo, getting conduits from ``conduits``."""
+    pool = conduits or Conduits()
     if args.config is not None:
-        return await _run_jobs(args, _config_jobs(args))
+        return await _run_jobs(args, _config_jobs(args), pool)
     if isinstance(args.remote, str):
         args.remote = [args.remote]
     if args.local is None or not args.remote:
         raise UsageError("give LOCAL REMOTE (or --config FILE)")
     local = _local_root(args.local)
     if args.command == "undo":
-        return await _undo(args, local, parse_remote(args.remote[0], args.via))
+        return await _undo(args, local, parse_remote(args.remote[0], args.via), pool)
     direction = {"push": Direction.PUSH, "pull": Direction.PULL}.get(args.command, Direction.SYNC)
     jobs = []
     for text in args.remote:
         target = parse_remote(text, args.via)
         opts = options_from(args, direction, local)
         jobs.append(Job(target, [(target.label(), local, target.path, opts)]))
-    return await _run_jobs(args, jobs)
+    return await _run_jobs(args, jobs, pool)
 
 
-async def _undo(args: argparse.Namespace, local: Path, target: Target) -> int:
+async def _undo(args: argparse.Namespace, local: Path, target: Target, pool: Conduits) -> int:
     from filesync.undo import undo_last
 
     opts = options_from(args, Direction.PULL, local)
-    restored = await _with_conduit(target, args, lambda c: undo_last(c, local, target.path, opts))
+    conduit, _ = await pool.acquire(target, connect_options(args))
+    healthy = False
+    try:
+        restored = await undo_last(conduit, local, target.path, opts)
+        healthy = True
+    finally:
+        await pool.release(conduit, healthy)
     _print_undo(args, restored)
     return 0
 
@@ -128,25 +152,38 @@ def _config_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-async def _run_jobs(args: argparse.Namespace, jobs: list[Job]) -> int:
+async def _run_jobs(args: argparse.Namespace, jobs: list[Job], pool: Conduits) -> int:
     plan_filter = _resolve_filter(args) if args.command == "resolve" else None
+    copts = connect_options(args)
 
     async def one(job: Job) -> list[tuple[str, Report | FilesyncError]]:
         out: list[tuple[str, Report | FilesyncError]] = []
         try:
-            conduit = await open_conduit(job.target, connect_options(args))
+            conduit, reused = await pool.acquire(job.target, copts)
         except FilesyncError as exc:
             return [(label, exc) for label, *_ in job.passes]
         try:
             for label, local, path, opts in job.passes:
                 try:
-                    run = run_pass(conduit, local, path, opts, plan_filter)
-                    out.append((label, await _deadline(run, args.timeout)))
+                    try:
+                        run = run_pass(conduit, local, path, opts, plan_filter)
+                        out.append((label, await _deadline(run, args.timeout)))
+                    except ConnectionLost:
+                        if not reused:
+                            raise
+                        # A kept connection died while idle (a server restart, an evicted NAT
+                        # entry); the failed pass changed nothing, so it runs on a new one.
+                        await pool.release(conduit, False)
+                        conduit, reused = await pool.acquire(job.target, copts)
+                        run = run_pass(conduit, local, path, opts, plan_filter)
+                        out.append((label, await _deadline(run, args.timeout)))
                 except FilesyncError as exc:
                     out.append((label, exc))
-        finally:
-            await drop_session(conduit)
-            await conduit.close()
+                reused = False
+        except BaseException:
+            await pool.release(conduit, False)
+            raise
+        await pool.release(conduit, not any(isinstance(r, ConnectionLost) for _, r in out))
         return out
 
     results = [r for rs in await asyncio.gather(*(one(j) for j in jobs)) for r in rs]
@@ -170,15 +207,6 @@ async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
             f"the run took longer than --timeout {seconds:g} s; rerun to continue "
             "(nothing was half-applied) or raise the limit"
         ) from None
-
-
-async def _with_conduit(target: Target, args: argparse.Namespace, fn: Any) -> Any:
-    conduit = await open_conduit(target, connect_options(args))
-    try:
-        return await fn(conduit)
-    finally:
-        await drop_session(conduit)
-        await conduit.close()
 
 
 def _print_many(args: argparse.Namespace, results: list[tuple[str, Report | FilesyncError]]) -> int:

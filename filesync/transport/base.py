@@ -80,6 +80,11 @@ class Conduit(abc.ABC):
         """Close the connection. Safe to call twice."""
 
     @property
+    def alive(self) -> bool:
+        """False once the conduit is known to be closed or its connection lost."""
+        return True
+
+    @property
     def bytes_sent(self) -> int:
         """Payload bytes written to remote processes so far."""
         return 0

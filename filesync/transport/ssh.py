@@ -207,6 +207,10 @@ class SshConduit(Conduit):
         client.on_lost = self._connection_lost
         self._lost_reason: str | None = None
 
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._lost_reason is None
+
     def _connection_lost(self, exc: Exception | None) -> None:
         if not self._closed:
             self._lost_reason = _reason(exc) if exc else "closed by the server"
