@@ -96,11 +96,12 @@ def agent_command(action: str, argv: list[str]) -> int:
     path = socket_path()
     sock = _connect(path)
     if sock is None:
-        print(f"no agent is running at {path}")
+        print(json.dumps({"running": False}) if "--json" in argv
+              else f"no agent is running at {path}")
         return 1 if action == "status" else 0
     with sock:
         _send(sock, {"op": action})
-        reply: dict[str, Any] = next(_replies(sock), {})
+        reply: dict[str, Any] = {"running": True, **next(_replies(sock), {})}
     if "--json" in argv:
         print(json.dumps(reply))
     elif action == "status":

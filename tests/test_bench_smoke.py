@@ -27,6 +27,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import sshd  # noqa: E402
 import trees  # noqa: E402
 
+AGENT = "filesync --persist"  # the CLI through the opt-in agent, measured next to it
+
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(240)]
 
 SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm_noop", "warm_pull", "fanout")
@@ -81,9 +83,14 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
                 step["median"][tool])
         assert step["ratios"], key
         assert all(v > 0 for v in step["ratios"].values()), key
-    assert set(result["steps"]["initial"]["runs"]) == {"filesync", "rsync", "tar"}
-    assert set(result["steps"]["pull"]["runs"]) == {"filesync", "rsync", "old sync-back"}
-    assert "filesync/old sync-back" in result["steps"]["pull"]["ratios"]
+    assert set(result["steps"]["initial"]["runs"]) == {"filesync", AGENT, "rsync", "tar"}
+    assert set(result["steps"]["pull"]["runs"]) == {"filesync", AGENT, "rsync", "old sync-back"}
+    assert {"filesync/old sync-back", f"{AGENT}/old sync-back", f"{AGENT}/rsync"} <= set(
+        result["steps"]["pull"]["ratios"])
+    fan = result["steps"]["fanout"]["ratios"]
+    assert set(fan) == {"filesync 2 hosts/filesync 1 host", f"{AGENT} 2 hosts/{AGENT} 1 host"}
+    # the agent's own CPU is counted into its runs, not left out
+    assert all(r["cpu"] > 0 for r in result["steps"]["initial"]["runs"][AGENT])
     assert result["steps"]["fanout"]["hosts"] == 2
 
 
@@ -96,8 +103,11 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
                  "warm no-op sync vs rsync over ControlMaster", "warm pull vs rsync over "
                  "ControlMaster", "2-host fan-out vs 1 host"):
         assert targets[name]["met"] in (True, False), name
+        if "ControlMaster" not in name:  # measured both ways: with and without the agent
+            assert targets[f"{name} [--persist]"]["met"] in (True, False), name
     # steps the smoke run leaves out are reported as not run, never as met
-    assert targets["1 GiB push peak RSS (filesync CLI)"]["met"] is None
+    assert targets["1 GiB push peak RSS (CLI)"]["met"] is None
+    assert targets["1 GiB push peak RSS [--persist]"]["met"] is None
 
 
 def test_every_correctness_check_in_the_bench_passed(smoke: tuple[dict[str, Any], Path]) -> None:
@@ -117,6 +127,8 @@ def test_filesync_trees_left_behind_are_identical(smoke: tuple[dict[str, Any], P
     assert len(boxes) == 2
     # after push, edit push, pull and warm pull the remote copy equals the host tree
     assert trees.compare_trees(local, boxes[0] / "home" / "fs") == []
+    # the same through the agent, on its own pair
+    assert trees.compare_trees(work / "host" / "main-agent", boxes[0] / "home" / "fsa") == []
     # fan-out reached both hosts with the whole tree
     for box in boxes:
         assert trees.compare_trees(local, box / "home" / "fan") == []
