@@ -388,8 +388,13 @@ class Bench:
         return sample
 
     def stop_agent(self) -> None:
+        """Stop the agent and wait for it to exit (its socket is on the tmpfs to unmount)."""
+        pid = self._agent_pid
         subprocess.run([*self.fs, "agent", "stop"], env=self.agent_env, capture_output=True,
                        check=False)
+        deadline = time.monotonic() + 30
+        while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def ssh_e(self, box: sshd.SshdContainer | None = None, extra: Sequence[str] = ()) -> str:
         box = box or self.box
@@ -772,6 +777,7 @@ class Bench:
     def step_scale(self) -> None:
         """6. 10k and 100k small files: initial and no-op push, vs rsync; growth factor."""
         sizes = self.cfg.scale_sizes
+        self.agent_warmup([self.box])
         labels = [self._k(n) for n in sizes]
         for n, label in zip(sizes, labels, strict=True):
             local = self.host / f"small-{label}"
@@ -846,6 +852,7 @@ class Bench:
         """7. One 1 GiB file: filesync push vs ssh 'cat > /dev/null' (aes128-gcm)."""
         local = self.host / "big"
         trees.make_big_file(local, self.cfg.big_size)
+        self.agent_warmup([self.box])
         src = local / "big.bin"
 
         def setup(_r: int) -> None:

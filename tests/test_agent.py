@@ -341,3 +341,29 @@ def test_the_client_side_imports_neither_asyncio_nor_the_engine(
                           check=False)
     assert done.stdout.strip() == "0 []", (done.stdout, done.stderr)
     assert (remote / "more.txt").read_text() == "one more\n"
+
+
+def test_an_agent_killed_mid_run_costs_one_clean_error_and_nothing_else(
+        client: Client, tmp_path: Path) -> None:
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    tree(local, 3)
+    client.ok("push", str(local), str(remote))
+    pid = client.status()["pid"]
+    big = os.urandom(1 << 20) * 256
+    write(local / "big.bin", big)
+    proc = subprocess.Popen([*CLI, "push", str(local), str(remote), "--persist", "60"],
+                            env=client.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for(lambda: any(p.name.startswith(".filesync.") for p in remote.iterdir())
+              or proc.poll() is not None)
+    os.kill(pid, signal.SIGKILL)
+    _out, err = proc.communicate(timeout=60)
+    if proc.returncode != 0:  # the kill landed mid-run (it nearly always does)
+        assert proc.returncode == 1
+        assert "agent ended mid-run" in one_error_line(
+            subprocess.CompletedProcess([], 1, "", err))
+    report = client.ok("push", str(local), str(remote))  # a new agent takes over
+    assert client.status()["pid"] != pid
+    assert report["uploaded"] in (0, 1)
+    assert (remote / "big.bin").read_bytes() == big
+    assert not [p for p in remote.rglob(".filesync.*")]
