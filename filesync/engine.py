@@ -38,6 +38,7 @@ from filesync.scan import (
     LocalScan,
     filter_unsafe,
     hash_needed,
+    list_local,
     new_hasher,
     scan_cached,
 )
@@ -193,15 +194,19 @@ class Pass:
 
     async def scan(self) -> tuple[dict[str, Ancestor], LocalScan, Listing]:
         recover(self.state, self.local_root)
-        anc = self.state.ancestors()
-        self.old_cache = self.state.local_cache()
-        # The host walk (stat only) runs in a thread while the remote lists.
-        walking = asyncio.create_task(asyncio.to_thread(
-            scan_cached, self.local_root, self.opts.rule, self.old_cache))
+        # The host walk (stat only) runs in a thread while the state is read and the
+        # remote lists; the stat cache is applied to it afterwards.
+        started_ns = time.time_ns()
+        # Submitted at once (a task would start the thread only at the first await).
+        walking = asyncio.get_running_loop().run_in_executor(
+            None, list_local, self.local_root, self.opts.rule)
         try:
+            anc = self.state.ancestors()
+            self.old_cache = self.state.local_cache()
             remote = await self.session.list_tree(self.remote_root, self.opts.rule)
         finally:
-            local = await walking
+            listed = await walking
+        local = scan_cached(listed, self.old_cache, started_ns)
         filter_unsafe(remote)
         rfiles = remote.files()
         # Only files that will be compared with something are read now.
@@ -367,6 +372,8 @@ async def run_pass(
     ok = False
     try:
         remote_root = session.resolve_root(remote_path)
+        # The helper walks while the state is opened and the host is walked.
+        await session.prefetch_list(remote_root, opts.rule)
         state = PairState.open(
             opts.state_dir, str(local_root), conduit.identity, remote_root,
             lock_timeout=opts.lock_timeout,

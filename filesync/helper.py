@@ -40,11 +40,14 @@ TEMP_SUFFIX = ".tmp"
 _TEMP_RE = re.compile(r"^\.filesync\.(\d+)\.\d+\.tmp$")
 _HEADER = struct.Struct(">cI")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 #: Output is gathered into writes of about this size: a fetch of many small files then
 #: costs one pipe write (and one SSH packet run) per 256 KiB, not two per file.
 FLUSH_AT = 1 << 18
 #: Data chunks at least this big skip the gathering buffer (no copy).
 _DIRECT = 1 << 16
+#: How many (root, rule) listings one helper remembers for delta replies.
+MAX_REMEMBERED = 4
 #: The ``E`` frame a client sends for a file it read whole (decoded without json).
 _END_OK = (b'{"ok": true}', b'{"ok":true}')
 
@@ -120,8 +123,11 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
     skipped: list[list[str]] = []
     excluded = 0
     matches = matcher.matches
+    # Without patterns a file is never excluded by name: skip the call per file.
+    match_files = bool(matcher.patterns)
     add = entries.append
     s_isdir, s_isreg, s_islnk = stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+    lstat = os.stat
     stack = [(root, "")]
     while stack:
         path, prefix = stack.pop()
@@ -130,43 +136,53 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
         except OSError as exc:
             skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
             continue
-        with it:
-            for entry in it:
-                name = entry.name
-                rel = prefix + name
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                mode = st.st_mode
-                if s_isdir(mode):
-                    if matches(rel, True):
-                        excluded += 1
-                    else:
-                        stack.append((entry.path, rel + "/"))
-                elif matches(rel, False):
-                    excluded += 1
-                elif s_isreg(mode):
-                    if name.startswith(TEMP_PREFIX) and is_temp_name(name):
-                        if _stale_temp(name):
-                            _unlink_quiet(entry.path)
+        try:
+            # Entries are stat'ed relative to the directory's descriptor, not by their
+            # full path: one path lookup per directory instead of one per component per
+            # file (~10 % of the walk), and never through a symlink swapped in above.
+            # The root itself may be a symlink to a directory (as ``scandir`` allows).
+            dfd = os.open(path, _DIR_FLAGS if prefix else _ROOT_FLAGS)
+        except OSError as exc:
+            it.close()
+            skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+            continue
+        base = path if path.endswith("/") else path + "/"
+        try:
+            with it:
+                for entry in it:
+                    name = entry.name
+                    rel = prefix + name
+                    try:
+                        st = lstat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
                         continue
-                    add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
-                         st.st_nlink])
-                elif s_islnk(mode):
-                    skipped.append([rel, "symlink (not followed)"])
-                else:
-                    skipped.append([rel, "special file (fifo, socket or device)"])
+                    mode = st.st_mode
+                    if s_isdir(mode):
+                        if matches(rel, True):
+                            excluded += 1
+                        else:
+                            stack.append((base + name, rel + "/"))
+                    elif match_files and matches(rel, False):
+                        excluded += 1
+                    elif s_isreg(mode):
+                        if name.startswith(TEMP_PREFIX) and is_temp_name(name):
+                            if _stale_temp(name):
+                                with contextlib.suppress(OSError):
+                                    os.unlink(name, dir_fd=dfd)
+                            continue
+                        add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
+                             st.st_nlink])
+                    elif s_islnk(mode):
+                        skipped.append([rel, "symlink (not followed)"])
+                    else:
+                        skipped.append([rel, "special file (fifo, socket or device)"])
+        finally:
+            os.close(dfd)
     return entries, skipped, excluded
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def home_dir() -> str:
@@ -390,6 +406,9 @@ class Server:
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
         self.counter = 0
+        #: listings remembered for delta replies: key -> (generation, rel -> row)
+        self.listings: dict[str, tuple[int, dict[str, list[Any]]]] = {}
+        self.generation = 0
         self.cwd = os.getcwd()
         home = home_dir()
         self.home = home if home.startswith("/") else self.cwd
@@ -407,13 +426,42 @@ class Server:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
 
     def op_list(self, req: dict[str, Any]) -> None:
+        """List a root: a full walk and stat every time.
+
+        With ``"delta": true`` the listing is also remembered (per root and rule), and
+        when ``since`` names the generation remembered last, only the rows that differ
+        from it are sent (``entries``: new or changed, ``removed``: gone) with
+        ``base``; the client applies them to its copy of that generation. Only the
+        encoding and transfer are saved: the walk is as fresh as a full listing's.
+        """
         root = self.resolve(req["root"])
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
+        key = json.dumps([root, req["names"], req["patterns"]])
+        remembered = self.listings.pop(key, None)
         if reply["is_dir"]:
             matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
             entries, skipped, excluded = walk(root, matcher)
             reply.update(entries=entries, skipped=skipped, excluded=excluded)
+            if req.get("delta") is True:
+                since = req.get("since")
+                rows: dict[str, list[Any]] | None = None
+                if remembered is not None and since == remembered[0] and _is_int(since):
+                    before = remembered[1]
+                    rows = {row[0]: row for row in entries}
+                    reply["entries"] = [row for row in entries if before.get(row[0]) != row]
+                    reply["removed"] = [rel for rel in before if rel not in rows]
+                    reply["base"] = since
+                self.generation += 1
+                reply["gen"] = self.generation
+                self.chan.send_json(reply, b"Z")
+                # Remembered after the reply went out: a first listing is not delayed.
+                if rows is None:
+                    rows = {row[0]: row for row in entries}
+                self.listings[key] = (self.generation, rows)
+                while len(self.listings) > MAX_REMEMBERED:  # oldest first (insertion order)
+                    del self.listings[next(iter(self.listings))]
+                return
         self.chan.send_json(reply, b"Z")
 
     def op_fetch(self, req: dict[str, Any]) -> None:

