@@ -62,6 +62,11 @@ class Options:
     max_pull_bytes: int = 2 << 30
     log: Callable[[str], None] | None = None
     progress: Progress | None = None
+    #: Keep both trees watched (inotify) between passes of this process, so that a pass
+    #: lists again only the directories that changed: for callers that run many passes
+    #: on one open connection (the agent, terminal backends). A full walk still happens
+    #: on the first pass, after any directory-level change, and every few minutes.
+    watch: bool = False
 
 
 @dataclass
@@ -199,7 +204,7 @@ class Pass:
         started_ns = time.time_ns()
         # Submitted at once (a task would start the thread only at the first await).
         walking = asyncio.get_running_loop().run_in_executor(
-            None, list_local, self.local_root, self.opts.rule)
+            None, list_local, self.local_root, self.opts.rule, self.opts.watch)
         try:
             anc = self.state.ancestors()
             self.old_cache = self.state.local_cache()
@@ -245,7 +250,19 @@ class Pass:
         known: dict[str, Version] = {}
         fetch: list[Entry] = []
         same = self.remote_same
-        for rel, e in remote.files().items():
+        rfiles = remote.files()
+        # Most files of a large tree are unchanged: find those with C-level passes (in
+        # listing order, which keeps memory access sequential), then give only the
+        # rest to the loop below, which decides exactly as it would for every file.
+        unchanged = _unchanged_remote(anc, rfiles) if _FAST else set()
+        same |= unchanged
+        # (``unchanged`` holds only listed paths: as many means all of them.)
+        rest: Iterable[tuple[str, Entry]] = (
+            rfiles.items() if not unchanged
+            else () if len(unchanged) == len(rfiles)
+            else ((rel, rfiles[rel]) for rel in _not_in(rfiles, unchanged))
+        )
+        for rel, e in rest:
             mode = e.mode & 0o777
             a = anc.get(rel)
             if a is not None and e.size == a.remote_size and e.mtime_ns == a.remote_mtime_ns \
@@ -299,17 +316,28 @@ class Pass:
                 continue
             rv[e.path] = Version(staged.hash, staged.mode)
         entries, hashes = local.listing.entries, local.hashes
-        quiet = {
-            p for p in self.remote_same
+        same, rfiles = self.remote_same, remote.files()
+        quiet = _quiet(anc, local, rfiles, same) if _FAST else {
+            p for p in same
             if hashes.get(p) == anc[p].hash and entries[p].mode & 0o777 == anc[p].mode
         }
         # A path whose version is unknown this run is left out entirely; so is all
         # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
         unknown = {s.path for s in self.report.skipped}
-        unknown |= remote.files().keys() - rv.keys() - self.remote_same
-        unknown |= self._under_skipped(anc.keys() | hashes.keys() | rv.keys())
-        paths = (anc.keys() | hashes.keys() | rv.keys() | self.remote_same) - quiet - unknown
-        for p in paths & self.remote_same:
+        # Remote files neither unchanged nor with a version: skipped or left alone.
+        unknown |= _left_out(rfiles, same, rv)
+        unknown |= self._under_skipped(anc.keys(), hashes.keys(), rv.keys())
+        # Every path any side knows, but the quiet ones: ``quiet`` is a subset of
+        # ``same``, ``anc`` and ``hashes`` (``_quiet`` only keeps paths found in all
+        # three), so a side holding exactly as many paths holds nothing else; a no-op
+        # pass over a large tree then builds no large set here.
+        paths: set[str] = set()
+        for side in (anc.keys(), hashes.keys(), same):
+            if len(side) != len(quiet):
+                paths |= side - quiet
+        paths |= rv.keys() - quiet
+        paths -= unknown
+        for p in paths & same:
             rv[p] = Version(anc[p].hash, anc[p].mode)
         lv = {p: Version(hashes[p], entries[p].mode & 0o777) for p in paths if p in hashes}
         av = {p: Version(anc[p].hash, anc[p].mode) for p in paths if p in anc}
@@ -319,13 +347,14 @@ class Pass:
         self.full_conflicts = {a.path for a in plan if a.kind is Kind.CONFLICT}
         return plan
 
-    def _under_skipped(self, paths: set[str]) -> set[str]:
-        """Paths inside a skipped dir, each reported: they are neither synced nor deleted."""
+    def _under_skipped(self, *sides: Iterable[str]) -> set[str]:
+        """Paths of ``sides`` inside a skipped dir, each reported: they are neither synced
+        nor deleted. The sides are only joined when something was skipped."""
         why = {s.path.rstrip("/"): s.reason for s in self.report.skipped}
         if not why:
             return set()
         inside: set[str] = set()
-        for p in sorted(paths):
+        for p in sorted(set().union(*sides)):
             parent, cut = p, p.rfind("/")
             while cut > 0:  # walk up the parents: O(depth), whatever the number of skips
                 parent = parent[:cut]
@@ -355,6 +384,58 @@ class Pass:
             )
 
 
+#: The fast paths of ``Pass.remote_versions`` and ``Pass.plan``; off, every path goes
+#: through the plain per-file code (the tests run both ways and compare the plans).
+_FAST = True
+
+
+def _unchanged_remote(anc: dict[str, Ancestor], rfiles: dict[str, Entry]) -> set[str]:
+    """The remote files that ``Pass.remote_versions``'s per-file test puts in
+    ``remote_same``: size, mtime and permission bits as the last transfer left them,
+    recorded more than ``RACY_NS`` after that mtime.
+
+    The same test, cheaper: fields by index (a named tuple's attribute is a descriptor
+    call), no other branch. This is memory-bound (~300 ns a file on a cold 100k-file
+    tree), which is also why C-level ``map``/``compress`` passes lost to it: each pass
+    fetches the same scattered objects again.
+    """
+    get, racy = anc.get, RACY_NS
+    # Entry: path, kind, size, mtime_ns, mode, ino.
+    # Ancestor: hash, size, mode, remote_size, remote_mtime_ns, synced_ns.
+    return {
+        rel for rel, e in rfiles.items()
+        if (a := get(rel)) is not None and e[2] == a[3] and e[3] == a[4]
+        and e[4] & 0o777 == a[2] and a[4] < a[5] - racy
+    }
+
+
+def _quiet(
+    anc: dict[str, Ancestor], local: LocalScan, rfiles: dict[str, Entry], same: set[str]
+) -> set[str]:
+    """The paths of ``same`` whose host file has the ancestor's hash and permission bits:
+    in sync on all three sides (``Pass.plan`` leaves them out)."""
+    # In remote-listing order when that covers them all: sequential reads of the
+    # listing's memory (iterating the set itself jumps around the heap, ~2x slower).
+    keys: list[str] | set[str] = list(filter(same.__contains__, rfiles))
+    if len(keys) != len(same):
+        keys = same
+    hashes, entries = local.hashes.get, local.listing.entries
+    return {p for p in keys if hashes(p) == (a := anc[p])[0] and entries[p][4] & 0o777 == a[2]}
+
+
+def _left_out(rfiles: dict[str, Entry], same: set[str], rv: dict[str, Version]) -> set[str]:
+    """Remote files neither unchanged nor given a version this run."""
+    from itertools import filterfalse
+
+    return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
+
+
+def _not_in(paths: Iterable[str], unchanged: set[str]) -> Iterable[str]:
+    from itertools import filterfalse
+
+    return filterfalse(unchanged.__contains__, paths)
+
+
 async def run_pass(
     conduit: Conduit,
     local_root: Path,
@@ -368,7 +449,7 @@ async def run_pass(
     started = time.monotonic()
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The first listing rides behind the helper's source: no round trip is waited for.
-    session = await session_for(conduit, opts.log, (remote_path, opts.rule))
+    session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch)
     ok = False
     try:
         remote_root = session.resolve_root(remote_path)
@@ -428,11 +509,14 @@ async def session_for(
     conduit: Conduit,
     log: Callable[[str], None] | None = None,
     list_first: tuple[str, ExcludeRule] | None = None,
+    watch: bool = False,
 ) -> RemoteSession:
-    """The conduit's helper session, started on first use (``list_first``: see start)."""
+    """The conduit's helper session, started on first use (``list_first``, ``watch``: see
+    ``RemoteSession.start``)."""
     session = _SESSIONS.get(conduit)
     if session is None:
-        session = _SESSIONS[conduit] = await open_session(conduit, log, list_first)
+        session = _SESSIONS[conduit] = await open_session(conduit, log, list_first, watch)
+    session.watch = watch
     return session
 
 
@@ -449,12 +533,13 @@ async def open_session(
     conduit: Conduit,
     log: Callable[[str], None] | None = None,
     list_first: tuple[str, ExcludeRule] | None = None,
+    watch: bool = False,
 ) -> RemoteSession:
     """Start the python3 helper on the remote, or the POSIX fallback where it has none."""
     try:
         if list_first is None:
             return await RemoteSession.start(conduit)
-        return await RemoteSession.start(conduit, list_first=list_first)
+        return await RemoteSession.start(conduit, list_first=list_first, watch=watch)
     except NoPython:
         from filesync.posix_remote import PosixSession
 
