@@ -161,7 +161,9 @@ async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:
     from filesync.commands import run_command
 
     try:
-        return await run_command(parse(args_list), conduits)
+        args = parse(args_list)
+        args.watch = True  # the agent outlives the run: its trees stay watched between runs
+        return await run_command(args, conduits)
     except BaseException as exc:
         return handle_failure(exc, "--json" in args_list)
 

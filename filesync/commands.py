@@ -57,6 +57,7 @@ def options_from(
         max_pull_bytes=args.max_pull_bytes,
         log=_log(args),
         progress=tty_progress(not (args.json or args.quiet)),
+        watch=getattr(args, "watch", False),
     )
 
 

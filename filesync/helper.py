@@ -122,63 +122,322 @@ def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]],
     entries: list[list[Any]] = []
     skipped: list[list[str]] = []
     excluded = 0
+    stack = [(root, "")]
+    while stack:
+        path, prefix = stack.pop()
+        dfd = _open_listed(path, prefix, skipped)
+        if dfd < 0:
+            continue
+        try:
+            excluded += _list_dir(dfd, path, prefix, matcher, entries, skipped, stack)
+        finally:
+            os.close(dfd)
+    return entries, skipped, excluded
+
+
+def _open_listed(path: str, prefix: str, skipped: list[list[str]]) -> int:
+    """A descriptor of the directory to list, or -1 with the reason in ``skipped``."""
+    try:
+        # The root itself may be a symlink to a directory (as ``scandir`` allows);
+        # below it nothing is followed.
+        return os.open(path, _DIR_FLAGS if prefix else _ROOT_FLAGS)
+    except OSError as exc:
+        skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+        return -1
+
+
+def _list_dir(dfd: int, path: str, prefix: str, matcher: Matcher, entries: list[list[Any]],
+              skipped: list[list[str]], subdirs: list[tuple[str, str]]) -> int:
+    """List one open directory into ``entries``/``skipped``; queue its kept subdirectories
+    as ``(path, prefix)`` on ``subdirs``; return how many names it pruned.
+
+    The one listing rule, for the plain walk and for ``WatchedTree``'s re-listings.
+    """
+    excluded = 0
     matches = matcher.matches
     # Without patterns a file is never excluded by name: skip the call per file.
     match_files = bool(matcher.patterns)
     add = entries.append
     s_isdir, s_isreg, s_islnk = stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
     lstat = os.stat
-    stack = [(root, "")]
-    while stack:
-        path, prefix = stack.pop()
+    base = path if path.endswith("/") else path + "/"
+    try:
+        it = os.scandir(dfd)
+    except OSError as exc:
+        skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+        return 0
+    with it:
+        for entry in it:
+            name = entry.name
+            rel = prefix + name
+            try:
+                # Relative to the directory's descriptor, not by full path: one path
+                # lookup per directory instead of one per component per file (~10 % of
+                # the walk), and never through a symlink swapped in above.
+                st = lstat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            if s_isdir(mode):
+                if matches(rel, True):
+                    excluded += 1
+                else:
+                    subdirs.append((base + name, rel + "/"))
+            elif match_files and matches(rel, False):
+                excluded += 1
+            elif s_isreg(mode):
+                if name.startswith(TEMP_PREFIX) and is_temp_name(name):
+                    if _stale_temp(name):
+                        with contextlib.suppress(OSError):
+                            os.unlink(name, dir_fd=dfd)
+                    continue
+                add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
+                     st.st_nlink])
+            elif s_islnk(mode):
+                skipped.append([rel, "symlink (not followed)"])
+            else:
+                skipped.append([rel, "special file (fifo, socket or device)"])
+    return excluded
+
+
+# -- watched trees (Linux inotify) ------------------------------------------------------------
+
+_IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+_IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
+_IN_DELETE_SELF, _IN_MOVE_SELF = 0x400, 0x800
+_IN_Q_OVERFLOW, _IN_IGNORED, _IN_ISDIR = 0x4000, 0x8000, 0x40000000
+_IN_ONLYDIR = 0x01000000
+_WATCH_MASK = (_IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_MOVED_TO
+               | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR)
+#: Events after which the set of directories may differ: the tree is walked again.
+_STRUCTURAL = _IN_Q_OVERFLOW | _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ISDIR
+_EVENT = struct.Struct("iIII")
+#: Filesystems whose changes all pass through this kernel, so inotify sees every one.
+#: (Network and FUSE filesystems change behind its back: those trees are walked.)
+LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs", "zfs",
+                      "bcachefs", "jfs", "nilfs2", "overlay", "vfat", "exfat", "ntfs3"})
+
+
+class _Inotify:
+    """The three libc calls, through ctypes (stdlib); None where they are missing."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._init = libc.inotify_init1
+        self._init.argtypes = [ctypes.c_int]
+        self._add = libc.inotify_add_watch
+        self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self._errno = ctypes.get_errno
+
+    @classmethod
+    def load(cls) -> _Inotify | None:
+        if not sys.platform.startswith("linux") or not os.path.isdir("/proc/self/fd"):
+            return None
         try:
-            it = os.scandir(path)
-        except OSError as exc:
-            skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+            return cls()
+        except (ImportError, OSError, AttributeError):
+            return None
+
+    def open(self) -> int:
+        fd = int(self._init(os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+        if fd < 0:
+            raise OSError(self._errno(), "inotify_init1 failed")
+        return fd
+
+    def watch(self, ifd: int, dfd: int) -> int:
+        """Watch the directory open as ``dfd`` (the very inode listed, whatever its path)."""
+        wd = int(self._add(ifd, f"/proc/self/fd/{dfd}".encode(), _WATCH_MASK))
+        if wd < 0:
+            raise OSError(self._errno(), "inotify_add_watch failed")
+        return wd
+
+
+def _unescape_mount(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def local_filesystems_only(root: str, mountinfo: str | None = None) -> bool:
+    """True if ``root`` and every mount below it are on filesystems in ``LOCAL_FS``
+    (``mountinfo``: the text of /proc/self/mountinfo, read when not given)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                mountinfo = f.read()
+        except OSError:
+            return False
+    lines = mountinfo.splitlines()
+    real = os.path.realpath(root)
+    holder, holder_fs, inner = "", "", []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or not tail:
             continue
-        try:
-            # Entries are stat'ed relative to the directory's descriptor, not by their
-            # full path: one path lookup per directory instead of one per component per
-            # file (~10 % of the walk), and never through a symlink swapped in above.
-            # The root itself may be a symlink to a directory (as ``scandir`` allows).
-            dfd = os.open(path, _DIR_FLAGS if prefix else _ROOT_FLAGS)
-        except OSError as exc:
-            it.close()
-            skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
-            continue
-        base = path if path.endswith("/") else path + "/"
-        try:
-            with it:
-                for entry in it:
-                    name = entry.name
-                    rel = prefix + name
-                    try:
-                        st = lstat(name, dir_fd=dfd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    mode = st.st_mode
-                    if s_isdir(mode):
-                        if matches(rel, True):
-                            excluded += 1
-                        else:
-                            stack.append((base + name, rel + "/"))
-                    elif match_files and matches(rel, False):
-                        excluded += 1
-                    elif s_isreg(mode):
-                        if name.startswith(TEMP_PREFIX) and is_temp_name(name):
-                            if _stale_temp(name):
-                                with contextlib.suppress(OSError):
-                                    os.unlink(name, dir_fd=dfd)
-                            continue
-                        add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
-                             st.st_nlink])
-                    elif s_islnk(mode):
-                        skipped.append([rel, "symlink (not followed)"])
-                    else:
-                        skipped.append([rel, "special file (fifo, socket or device)"])
-        finally:
-            os.close(dfd)
-    return entries, skipped, excluded
+        point, fstype = _unescape_mount(fields[4]), tail[0]
+        if point.startswith(real.rstrip("/") + "/"):
+            inner.append(fstype)
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(
+                holder):
+            holder, holder_fs = point, fstype
+    return holder_fs in LOCAL_FS and all(fs in LOCAL_FS for fs in inner)
+
+
+class WatchedTree:
+    """A listing of ``root`` kept current by inotify: a refresh lists again only the
+    directories the kernel reported a change in, so a quiet tree costs no walk.
+
+    Every directory is watched before it is listed, so no change slips between the two.
+    Whatever may change the set of directories (a directory created, removed, moved or
+    chmodded, a lost event, an overflowed queue) and every ``FULL_EVERY`` seconds, the
+    tree is walked again in full. ``create`` returns None where inotify cannot be trusted
+    (not Linux, no ctypes, a network filesystem, too few watches): callers then walk.
+    """
+
+    FULL_EVERY = 300.0
+
+    def __init__(self, root: str, matcher: Matcher, api: _Inotify) -> None:
+        self.root, self.matcher, self.api = root, matcher, api
+        self.ifd = -1
+        self.dirs: dict[str, tuple[list[list[Any]], list[list[str]], int, list[str]]] = {}
+        self.paths: dict[str, str] = {}  # prefix -> path
+        self.wds: dict[int, str] = {}  # watch descriptor -> prefix
+        self.walked_at = 0.0
+        self.walks = 0  # full walks so far (tests and -v read it)
+        #: a directory could not be opened (so not watched): walk in full every time
+        self.blind = False
+        #: directories holding files with more than one link
+        self.linked: set[str] = set()
+
+    @classmethod
+    def create(cls, root: str, matcher: Matcher) -> WatchedTree | None:
+        api = _Inotify.load()
+        if api is None or not local_filesystems_only(root):
+            return None
+        return cls(root, matcher, api)
+
+    def close(self) -> None:
+        if self.ifd >= 0:
+            os.close(self.ifd)
+            self.ifd = -1
+
+    def refresh(self) -> tuple[list[list[Any]], list[list[str]], int,
+                               tuple[list[list[Any]], list[str]] | None]:
+        """``(entries, skipped, excluded, delta)`` as ``walk`` gives them, now.
+
+        ``delta`` is ``(changed rows, removed paths)`` against the previous refresh, or
+        None after a full walk. Raises ``OSError`` when watching failed (the caller walks).
+        """
+        import time
+
+        dirty = self._drain() if self.ifd >= 0 and not self.blind else None
+        if dirty is None or time.monotonic() - self.walked_at > self.FULL_EVERY:
+            self._walk_all()
+            return (*self._gather(), None)
+        # A hard-linked file can change through a link in another directory, which raises
+        # no event here: directories holding one are listed again every time.
+        dirty |= self.linked
+        changed: list[list[Any]] = []
+        removed: list[str] = []
+        inodes: set[int] = set()
+        for prefix in dirty:
+            if not self._relist(prefix, changed, removed, inodes):
+                self._walk_all()  # its subdirectories changed after all
+                return (*self._gather(), None)
+        # A link made or removed changes the link count of the file's other names too.
+        others = {prefix for prefix, d in self.dirs.items() if prefix not in dirty
+                  and any(row[5] in inodes for row in d[0])} if inodes else set()
+        for prefix in others:
+            if not self._relist(prefix, changed, removed, set()):
+                self._walk_all()
+                return (*self._gather(), None)
+        return (*self._gather(), (changed, removed))
+
+    def _relist(self, prefix: str, changed: list[list[Any]], removed: list[str],
+                inodes: set[int]) -> bool:
+        """List one directory again and record how its rows changed; False if its set of
+        subdirectories changed (a full walk is due). ``inodes`` collects the inodes
+        whose link count changed."""
+        old = self.dirs[prefix]
+        new = self._list(self.paths[prefix], prefix)
+        if new[3] != old[3]:
+            return False
+        before = {row[0]: row for row in old[0]}
+        for row in new[0]:
+            was = before.pop(row[0], None)
+            if was != row:
+                changed.append(row)
+                if row[6] > 1 or (was is not None and was[6] != row[6]):
+                    inodes.add(row[5])
+        for rel, row in before.items():
+            removed.append(rel)
+            if row[6] > 1:
+                inodes.add(row[5])
+        return True
+
+    def _gather(self) -> tuple[list[list[Any]], list[list[str]], int]:
+        parts = self.dirs.values()
+        return ([row for d in parts for row in d[0]], [s for d in parts for s in d[1]],
+                sum(d[2] for d in parts))
+
+    def _drain(self) -> set[str] | None:
+        """Prefixes of the directories with pending events; None if a full walk is due."""
+        dirty: set[str] = set()
+        while True:
+            try:
+                data = os.read(self.ifd, 1 << 16)
+            except BlockingIOError:
+                return dirty
+            offset = 0
+            while offset < len(data):
+                wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + size
+                prefix = self.wds.get(wd)
+                if mask & _STRUCTURAL or prefix is None:
+                    return None
+                dirty.add(prefix)
+
+    def _walk_all(self) -> None:
+        import time
+
+        self.close()
+        self.dirs, self.paths, self.wds = {}, {"": self.root}, {}
+        self.blind, self.linked = False, set()
+        self.walked_at = time.monotonic()
+        self.walks += 1
+        self.ifd = self.api.open()
+        stack = [""]
+        while stack:
+            prefix = stack.pop()
+            stack.extend(self._list(self.paths[prefix], prefix)[3])
+
+    def _list(self, path: str, prefix: str) -> tuple[
+            list[list[Any]], list[list[str]], int, list[str]]:
+        """Watch, then list, one directory, as ``walk`` lists it (an unreadable one is a
+        skipped row). The result is kept in ``dirs``; its subdirectories in ``paths``."""
+        entries: list[list[Any]] = []
+        skipped: list[list[str]] = []
+        subdirs: list[tuple[str, str]] = []
+        excluded = 0
+        dfd = _open_listed(path, prefix, skipped)
+        if dfd >= 0:
+            try:
+                self.wds[self.api.watch(self.ifd, dfd)] = prefix
+                excluded = _list_dir(dfd, path, prefix, self.matcher, entries, skipped, subdirs)
+            finally:
+                os.close(dfd)
+        else:
+            self.blind = True
+        for sub_path, sub_prefix in subdirs:
+            self.paths[sub_prefix] = sub_path
+        listed = (entries, skipped, excluded, [p for _path, p in subdirs])
+        self.dirs[prefix] = listed
+        if any(row[6] > 1 for row in entries):
+            self.linked.add(prefix)
+        else:
+            self.linked.discard(prefix)
+        return listed
 
 
 def _is_int(value: object) -> bool:
@@ -408,6 +667,8 @@ class Server:
         self.counter = 0
         #: listings remembered for delta replies: key -> (generation, rel -> row)
         self.listings: dict[str, tuple[int, dict[str, list[Any]]]] = {}
+        #: Trees kept current by inotify (``"watch": true``), with the generation sent last.
+        self.watched: dict[str, tuple[int, WatchedTree]] = {}
         self.generation = 0
         self.cwd = os.getcwd()
         home = home_dir()
@@ -433,12 +694,17 @@ class Server:
         from it are sent (``entries``: new or changed, ``removed``: gone) with
         ``base``; the client applies them to its copy of that generation. Only the
         encoding and transfer are saved: the walk is as fresh as a full listing's.
+        With ``"watch": true`` as well, the root is kept as a ``WatchedTree`` and only the
+        directories inotify reported since are listed again (see ``_list_watched``).
         """
         root = self.resolve(req["root"])
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         key = json.dumps([root, req["names"], req["patterns"]])
         remembered = self.listings.pop(key, None)
+        watch = req.get("watch") is True and req.get("delta") is True
+        if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
+            return
         if reply["is_dir"]:
             matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
             entries, skipped, excluded = walk(root, matcher)
@@ -463,6 +729,37 @@ class Server:
                     del self.listings[next(iter(self.listings))]
                 return
         self.chan.send_json(reply, b"Z")
+
+    def _list_watched(self, key: str, root: str, req: dict[str, Any],
+                      reply: dict[str, Any]) -> bool:
+        """Answer a listing from the root's ``WatchedTree``; False if it cannot be watched.
+
+        The delta comes from the directories inotify reported, not from comparing whole
+        listings; a quiet tree is answered without a walk.
+        """
+        held = self.watched.pop(key, None)
+        tree = held[1] if held is not None else None
+        if tree is None:
+            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            tree = WatchedTree.create(root, matcher)
+            if tree is None:
+                return False
+        try:
+            entries, skipped, excluded, delta = tree.refresh()
+        except OSError:  # out of watches, say: this root is walked from now on
+            tree.close()
+            return False
+        reply.update(entries=entries, skipped=skipped, excluded=excluded)
+        since = req.get("since")
+        if delta is not None and held is not None and since == held[0] and _is_int(since):
+            reply.update(entries=delta[0], removed=delta[1], base=since)
+        self.generation += 1
+        reply["gen"] = self.generation
+        self.chan.send_json(reply, b"Z")
+        self.watched[key] = (self.generation, tree)
+        while len(self.watched) > MAX_REMEMBERED:
+            self.watched.pop(next(iter(self.watched)))[1].close()
+        return True
 
     def op_fetch(self, req: dict[str, Any]) -> None:
         rfd = self.root_fd(req["root"], False)

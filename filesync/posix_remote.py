@@ -685,13 +685,15 @@ class PosixSession(RemoteSession):
         conduit: Conduit,
         *,
         list_first: tuple[str, ExcludeRule] | None = None,
+        watch: bool = False,
         tools: Tools | None = None,
     ) -> RemoteSession:
         """Probe the remote's tools in one command; ``TransportError`` naming what is missing.
 
         ``tools`` overrides what is detected (tests use it to force a flavour).
-        ``list_first`` is accepted for ``RemoteSession.start``'s sake and ignored: every
-        operation here is its own command, started when it is asked for.
+        ``list_first`` and ``watch`` are accepted for ``RemoteSession.start``'s sake and
+        ignored: every operation here is its own command, started when it is asked for
+        (every listing is a full ``find``).
         """
         proc = await conduit.start(_PROBE)
         await proc.write_eof()

@@ -127,10 +127,14 @@ class RemoteSession:
         self._early: tuple[str, dict[str, Any]] | None = None
         #: the last listing received per (root, rule), the base of the next delta reply
         self._bases: dict[tuple[str, str], _Base] = {}
+        #: ask the helper to keep listed roots watched (inotify), so that a later listing
+        #: lists again only what changed; for sessions that outlive one pass
+        self.watch = False
 
     @classmethod
     async def start(
-        cls, conduit: Conduit, *, list_first: tuple[str, ExcludeRule] | None = None
+        cls, conduit: Conduit, *, list_first: tuple[str, ExcludeRule] | None = None,
+        watch: bool = False,
     ) -> RemoteSession:
         """Start the helper; raise ``TransportError`` if the remote can't run it.
 
@@ -138,7 +142,8 @@ class RemoteSession:
         wrote it: ``~/x``, relative or absolute) right behind the helper's source,
         without waiting for its hello: the helper starts walking at once. The reply is
         read by the first ``list_tree`` call whose root is ``resolve_root(path)`` with
-        the same rule (any other request first reads and drops it).
+        the same rule (any other request first reads and drops it). ``watch``: see the
+        attribute.
         """
         proc = await conduit.start(bootstrap_command())
         first_request = b""
@@ -146,7 +151,10 @@ class RemoteSession:
         if list_first is not None:
             path, rule = list_first
             early = (path, rule.wire())
-            first_request = _frame_bytes(b"J", _json(_list_request(path, early[1], None)))
+            req = _list_request(path, early[1], None)
+            if watch:
+                req["watch"] = True
+            first_request = _frame_bytes(b"J", _json(req))
         write_error: ConnectionLost | None = None
         try:
             await proc.write(helper_payload() + first_request)
@@ -190,6 +198,7 @@ class RemoteSession:
             raise
         session.hello = hello
         session._early = early
+        session.watch = watch
         return session
 
     def resolve_root(self, path: str) -> str:
@@ -273,7 +282,10 @@ class RemoteSession:
 
     def _list_request(self, root: str, wire: dict[str, Any]) -> dict[str, Any]:
         base = self._bases.get((root, _wire_key(wire)))
-        return _list_request(root, wire, base.gen if base is not None else None)
+        req = _list_request(root, wire, base.gen if base is not None else None)
+        if self.watch:
+            req["watch"] = True
+        return req
 
     async def list_tree(self, root: str, rule: ExcludeRule) -> Listing:
         """List regular files under ``root``, pruned on the remote by ``rule``.

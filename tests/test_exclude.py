@@ -317,7 +317,9 @@ def scandir_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     real: Callable[..., Any] = os.scandir
 
     def recording(path: Any = ".") -> Any:
-        seen.append(os.fspath(path))
+        # The walk lists directories it opened itself: name them by their descriptor.
+        seen.append(os.readlink(f"/proc/self/fd/{path}") if isinstance(path, int)
+                    else os.fspath(path))
         return real(path)
 
     monkeypatch.setattr(os, "scandir", recording)
