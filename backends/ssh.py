@@ -148,7 +148,10 @@ class SSHTerminal:
 
     async def _pass(self, mapping: Mapping, direction: Direction) -> Report:
         local = Path(mapping.local).expanduser().resolve()
-        opts = Options(direction, ExcludeRule.build(self.exclude, root=local), self.state_dir)
+        # A terminal runs many passes on one connection (setup, sync before commands,
+        # teardown): its trees stay watched in between, so a quiet pass walks nothing.
+        opts = Options(direction, ExcludeRule.build(self.exclude, root=local), self.state_dir,
+                       watch=True)
         return await run_pass(self._require(), local, mapping.remote, opts)
 
     def _require(self) -> Conduit:

@@ -723,7 +723,8 @@ class Bench:
             c0 = time.process_time()
             t0 = time.perf_counter()
             rep = loop.run_until_complete(run_pass(
-                conduit, self.main, "fs", Options(direction, rule=rule, state_dir=self.fs_state)))
+                conduit, self.main, "fs",
+                Options(direction, rule=rule, state_dir=self.fs_state, watch=True)))
             wall = time.perf_counter() - t0
             reports.append(rep)
             return Sample(wall, time.process_time() - c0, 0.0, box.wire_bytes() - w0, 0)
