@@ -357,7 +357,14 @@ class Bench:
         return self._agent_pid
 
     def agent_warmup(self, boxes: Sequence[sshd.SshdContainer], cfg: Path | None = None) -> None:
-        """Start the agent and open its connections to ``boxes`` (untimed)."""
+        """Start a fresh agent and open its connections to ``boxes`` (untimed).
+
+        Fresh per step: what one step's trees left in the agent (a 100k-file tree's
+        watches and caches) is not charged to the next step's memory figures.
+        """
+        self.stop_agent()
+        KEPT_SESSIONS.clear()
+        self._agent_pid = 0
         empty = self.w / "agent-warmup"
         empty.mkdir(exist_ok=True)
         self.fsa(self.fs_argv("push", empty, [f"{b.alias}:agent-warmup" for b in boxes],
@@ -389,7 +396,7 @@ class Bench:
 
     def stop_agent(self) -> None:
         """Stop the agent and wait for it to exit (its socket is on the tmpfs to unmount)."""
-        pid = self._agent_pid
+        pid = self.agent_pid()
         subprocess.run([*self.fs, "agent", "stop"], env=self.agent_env, capture_output=True,
                        check=False)
         deadline = time.monotonic() + 30

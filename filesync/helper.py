@@ -392,11 +392,22 @@ class WatchedTree:
             offset = 0
             while offset < len(data):
                 wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size + size
+                start, offset = offset + _EVENT.size, offset + _EVENT.size + size
                 prefix = self.wds.get(wd)
-                if mask & _STRUCTURAL or prefix is None:
+                if prefix is None:
+                    return None
+                if mask & _STRUCTURAL and not (
+                    mask & _IN_ISDIR and not mask & (_IN_Q_OVERFLOW | _IN_IGNORED)
+                    and self._pruned(prefix, data[start:offset])
+                ):
                     return None
                 dirty.add(prefix)
+
+    def _pruned(self, prefix: str, raw: bytes) -> bool:
+        """True if the event's subdirectory is pruned by the rule (an excluded dir such as
+        node_modules coming and going): its parent is listed again, nothing is walked."""
+        name = os.fsdecode(raw.rstrip(b"\0"))
+        return bool(name) and self.matcher.matches(prefix + name, True)
 
     def _walk_all(self) -> None:
         import time

@@ -131,6 +131,11 @@ def test_a_quiet_tree_is_answered_without_a_walk(tmp_path: Path) -> None:
     (tmp_path / "c" / "f2.txt").unlink()
     assert tree.refresh()[3] == ([], ["c/f2.txt"])
     assert tree.walks == 1  # file-level changes never cost a walk
+    shutil.rmtree(tmp_path / "node_modules")  # nor do pruned dirs coming and going
+    write(tmp_path / "a" / "node_modules" / "pkg" / "index.js", "junk\n")
+    result = tree.refresh()
+    assert result[3] == ([], []) and result[2] == canon(walk(str(tmp_path), MATCHER))[2]
+    assert tree.walks == 1
     (tmp_path / "c" / "newdir").mkdir()
     assert tree.refresh()[3] is None and tree.walks == 2  # a new directory does
     tree.close()
