@@ -53,7 +53,7 @@ import secrets
 import shlex
 import tarfile
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, cast
@@ -899,11 +899,16 @@ class PosixSession(RemoteSession):
         post = _stat_lines("\n".join(lines), self.tools.flavour)
         parser.finish(post, errors)
 
-    async def send(self, root: str, items: Sequence[SendItem]) -> list[Outcome]:
-        """Upload ``items`` in one tar stream; each is renamed into place only if unchanged."""
+    async def send(self, root: str, items: Iterable[SendItem],
+                   count: int | None = None) -> list[Outcome]:
+        """Upload ``items`` in one tar stream; each is renamed into place only if unchanged.
+
+        (``count`` is for ``RemoteSession.send``'s sake: every item is numbered here.)"""
         results: dict[int, Outcome] = {}
         numbered: list[tuple[int, SendItem, str]] = []
+        total = 0
         for i, item in enumerate(items, 1):
+            total = i
             if unsafe_reason(item.path) is not None:
                 results[i] = Outcome(item.path, "error", reason="unsafe path")
                 continue
@@ -911,7 +916,7 @@ class PosixSession(RemoteSession):
             numbered.append((i, item, exp))
         if numbered:
             results.update(await self._upload(root, numbered))
-        return [results[i] for i in range(1, len(items) + 1)]
+        return [results[i] for i in range(1, total + 1)]
 
     async def _upload(
         self, root: str, numbered: list[tuple[int, SendItem, str]]

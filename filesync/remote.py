@@ -13,7 +13,7 @@ import shlex
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -421,21 +421,27 @@ class RemoteSession:
             crash_point("staged")
             return
 
-    async def send(self, root: str, items: Sequence[SendItem]) -> list[Outcome]:
+    async def send(self, root: str, items: Iterable[SendItem],
+                   count: int | None = None) -> list[Outcome]:
         """Upload ``items`` in one stream; each is renamed into place only if unchanged.
 
         Frames are gathered into writes of ``FLUSH_AT`` bytes (data chunks of
         ``DIRECT_AT`` or more go straight through), each awaited until the conduit
-        took it: a small file is one part of a packet, not three packets.
+        took it: a small file is one part of a packet, not three packets. ``items`` may
+        be a generator if ``count`` says how many it yields: the first file is then on
+        its way while the rest are still being prepared.
         """
+        if count is None:
+            items = list(items)
+            count = len(items)
         await self._settle()
         buf = bytearray()
-        _put(buf, b"J", _json({"op": "send", "root": root, "count": len(items)}))
+        _put(buf, b"J", _json({"op": "send", "root": root, "count": count}))
         write = self.proc.write
+        paths: list[str] = []
         for item in items:
-            head = {"path": item.path, "mode": item.mode, "mtime_ns": item.mtime_ns,
-                    "expect": list(item.expect) if item.expect else None}
-            _put(buf, b"H", _json(head))
+            paths.append(item.path)
+            _put(buf, b"H", _send_head(item))
             end = _END_OK
             try:
                 for chunk in item.chunks():
@@ -455,8 +461,10 @@ class RemoteSession:
             if len(buf) >= FLUSH_AT:
                 await write(bytes(buf))
                 buf.clear()
+        if len(paths) != count:
+            raise ValueError(f"send: {len(paths)} items given, {count} announced")
         await write(bytes(buf))
-        return self._outcomes(await self._reply(), [item.path for item in items])
+        return self._outcomes(await self._reply(), paths)
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
         """Delete files that are still as listed; others come back ``changed``."""
@@ -470,12 +478,20 @@ class RemoteSession:
         rows = reply.get("results")
         if not isinstance(rows, list) or len(rows) != len(paths):
             raise self._garbage("malformed results")
-        out = []
+        out: list[Outcome] = []
+        add = out.append
         for row, path in zip(rows, paths, strict=True):
+            # The common row, ["path", "ok", size, mtime_ns], checked inline (exact types:
+            # JSON gives no subclasses, and bools are refused); anything else in full.
+            if (type(row) is list and len(row) == 4 and row[1] == "ok" and row[0] == path
+                    and type(row[2]) is int and type(row[3]) is int and row[2] >= 0
+                    and row[3] >= 0):
+                add(Outcome(path, "ok", row[2], row[3]))
+                continue
             outcome = _outcome(row)
             if outcome is None or outcome.path != path:
                 raise self._garbage("malformed results")
-            out.append(outcome)
+            add(outcome)
         return out
 
     async def close(self) -> None:
@@ -531,6 +547,15 @@ def _json(obj: dict[str, Any]) -> bytes:
 
 def _frame_bytes(kind: bytes, payload: bytes) -> bytes:
     return _HEADER.pack(kind, len(payload)) + payload
+
+
+def _send_head(item: SendItem) -> bytes:
+    """The ``H`` frame of an upload: the JSON object, formatted without a dict and an
+    encoder run per file (only the path needs escaping)."""
+    expect = f"[{item.expect[0]},{item.expect[1]}]" if item.expect else "null"
+    path = json.dumps(item.path)
+    return (f'{{"path":{path},"mode":{int(item.mode)},"mtime_ns":{int(item.mtime_ns)},'
+            f'"expect":{expect}}}').encode("utf-8", "surrogateescape")
 
 
 def _put(buf: bytearray, kind: bytes, payload: bytes) -> None:

@@ -243,16 +243,22 @@ def scan_local(
 class HashingReader:
     """Reads a file in chunks for upload, hashing exactly the bytes handed out."""
 
-    def __init__(self, path: Path, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(self, path: str | Path, progress: Callable[[int], None] | None = None,
+                 size_hint: int = CHUNK) -> None:
         self.path = path
         self.hasher = new_hasher()
         self.size = 0
         self.progress = progress
+        self._digest: str | None = None
+        # A small file is read with a buffer its size (+1 to see the end at once), not 1 MiB.
+        self._first = min(CHUNK, max(size_hint, 0) + 1)
 
     def __call__(self) -> Iterator[bytes]:
         fd = open_regular(self.path)
         try:
-            while chunk := os.read(fd, CHUNK):
+            want = self._first
+            while chunk := os.read(fd, want):
+                want = CHUNK
                 self.hasher.update(chunk)
                 self.size += len(chunk)
                 if self.progress is not None:
@@ -263,4 +269,6 @@ class HashingReader:
 
     @property
     def digest(self) -> str:
-        return str(self.hasher.hexdigest())
+        if self._digest is None:
+            self._digest = str(self.hasher.hexdigest())
+        return self._digest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from itertools import compress
 from operator import is_, ne
 from pathlib import Path
@@ -103,25 +104,30 @@ def _save_copy(p: Pass, rel: str) -> Path:
 
 
 async def _upload(p: Pass, local: LocalScan, remote: Listing, plan: list[Action]) -> None:
-    items: list[SendItem] = []
+    uploads = [a.path for a in plan if _ends_in(a, Kind.UPLOAD)]
+    if not uploads:
+        return
     readers: dict[str, HashingReader] = {}
     rfiles = remote.files()
+    entries = local.listing.entries
     bar = p.opts.progress
-    for a in plan:
-        if not _ends_in(a, Kind.UPLOAD):
-            continue
-        entry = local.listing.entries[a.path]
-        reader = HashingReader(p.local_root / a.path, bar.advance if bar else None)
-        readers[a.path] = reader
-        target = rfiles.get(a.path)
-        expect = (target.size, target.mtime_ns) if target else None
-        items.append(SendItem(a.path, entry.mode & 0o777, entry.mtime_ns, expect, reader))
-    if not items:
-        return
+    advance = bar.advance if bar else None
+    # Plain strings: a pathlib join per file costs more than reading a small file.
+    base = str(p.local_root).rstrip("/") + "/"
+
+    def items() -> Iterator[SendItem]:
+        # Made while the stream runs: the remote starts on the first file at once.
+        for rel in uploads:
+            entry = entries[rel]
+            reader = readers[rel] = HashingReader(base + rel, advance, entry.size)
+            target = rfiles.get(rel)
+            expect = (target.size, target.mtime_ns) if target else None
+            yield SendItem(rel, entry.mode & 0o777, entry.mtime_ns, expect, reader)
+
     if bar is not None:
-        bar.begin("upload", sum(local.listing.entries[i.path].size for i in items))
+        bar.begin("upload", sum(entries[rel].size for rel in uploads))
     try:
-        outcomes = await p.session.send(p.remote_root, items)
+        outcomes = await p.session.send(p.remote_root, items(), len(uploads))
     finally:
         if bar is not None:
             bar.end()
