@@ -27,6 +27,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,13 +97,21 @@ class KeptConduits(Conduits):
 
 
 class _Relay(io.TextIOBase):
-    """A text stream that forwards what the command prints to the client, line-framed."""
+    """A text stream that forwards what the command prints to the client, line-framed.
 
-    def __init__(self, writer: asyncio.StreamWriter, field: str) -> None:
+    Only the agent's own thread is relayed: another thread of the process (an embedding
+    program's, say) keeps writing to the stream it had.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, field: str, other: TextIO) -> None:
         self._writer = writer
         self._field = field
+        self._other = other
+        self._owner = threading.get_ident()
 
     def write(self, text: str) -> int:
+        if threading.get_ident() != self._owner:
+            return self._other.write(text)
         if text and not self._writer.is_closing():
             self._writer.write(json.dumps({self._field: text}).encode() + b"\n")
         return len(text)
@@ -214,8 +223,8 @@ def _context(request: dict[str, Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def _redirected(writer: asyncio.StreamWriter) -> Iterator[None]:
     saved: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
-    sys.stdout = _Relay(writer, "out")
-    sys.stderr = _Relay(writer, "err")
+    sys.stdout = _Relay(writer, "out", saved[0])
+    sys.stderr = _Relay(writer, "err", saved[1])
     try:
         yield
     finally:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from sshd import SshdContainer
 from synctree import snapshot, write
 
 from filesync import agent as agent_mod
-from filesync.agent_client import fingerprint
+from filesync.agent_client import fingerprint, safe_dir, socket_path
+from filesync.cli import main as cli_main
+from filesync.errors import FilesyncError
 
 CLI = [sys.executable, "-m", "filesync.cli"]
 
@@ -367,3 +370,71 @@ def test_an_agent_killed_mid_run_costs_one_clean_error_and_nothing_else(
     assert report["uploaded"] in (0, 1)
     assert (remote / "big.bin").read_bytes() == big
     assert not [p for p in remote.rglob(".filesync.*")]
+
+
+class InProcessAgent:
+    """The agent's server on a thread of this process, for the client's code paths."""
+
+    def __init__(self, sock_path: Path) -> None:
+        self.sock_path = sock_path
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.error: BaseException | None = None
+
+    def _serve(self) -> None:
+        try:
+            asyncio.run(agent_mod.Agent(self.sock_path, 60).serve())
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def __enter__(self) -> InProcessAgent:
+        self.thread.start()
+        _wait_for(self.sock_path.exists)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert cli_main(["agent", "stop"]) == 0
+        self.thread.join(30)
+        assert not self.thread.is_alive() and self.error is None
+
+
+def test_the_cli_client_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    sock = tmp_path / "run" / "agent.sock"
+    sock.parent.mkdir(mode=0o700)
+    monkeypatch.setenv("FILESYNC_AGENT_SOCKET", str(sock))
+    monkeypatch.setenv("FILESYNC_STATE_DIR", str(tmp_path / "state"))
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    tree(local, 4)
+    capsys.readouterr()
+    with InProcessAgent(sock):
+        assert cli_main(["push", str(local), str(remote), "--persist", "60", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["uploaded"] == 4
+        assert cli_main(["status", str(local), str(remote), "--persist", "60"]) == 0
+        assert "in sync" in capsys.readouterr().out
+        code = cli_main(["push", str(local), "nohost:x", "--persist", "60", "-F", "/dev/null"])
+        assert code == 1
+        assert capsys.readouterr().err.startswith("filesync: error: ")
+        assert cli_main(["agent", "status"]) == 0
+        out = capsys.readouterr().out
+        assert "3 runs served" in out and "local" in out
+        assert cli_main(["agent", "status", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["running"] is True
+    assert cli_main(["agent", "status"]) == 1
+    assert "no agent is running" in capsys.readouterr().out
+    assert snapshot(remote) == kept(local)
+
+
+def test_socket_place_and_its_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FILESYNC_AGENT_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    assert socket_path() == tmp_path / "xdg" / "filesync" / "agent.sock"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert socket_path() == Path(f"/tmp/filesync-{os.getuid()}/agent.sock")
+    made = safe_dir(tmp_path / "new" / "dir")
+    assert made.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "link").symlink_to(made)
+    with pytest.raises(FilesyncError, match="not a directory"):
+        safe_dir(tmp_path / "link")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FilesyncError, match="FILESYNC_AGENT_SOCKET"):
+        safe_dir(tmp_path / "file" / "sub")

@@ -427,9 +427,9 @@ def test_remote_edited_between_scan_and_upload_is_kept(
     real_send = filesync.remote.RemoteSession.send
     real_delete = filesync.remote.RemoteSession.delete
 
-    async def racing_send(self: Any, root: str, items: Any) -> Any:
+    async def racing_send(self: Any, root: str, items: Any, count: Any = None) -> Any:
         write(pair.remote / "doc.txt", "remote edit during the run\n")
-        return await real_send(self, root, items)
+        return await real_send(self, root, items, count)
 
     async def racing_delete(self: Any, root: str, files: Any) -> Any:
         write(pair.remote / "gone.txt", "remote edit of a file the host deleted\n")
