@@ -438,3 +438,27 @@ def test_socket_place_and_its_checks(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "file").write_text("x")
     with pytest.raises(FilesyncError, match="FILESYNC_AGENT_SOCKET"):
         safe_dir(tmp_path / "file" / "sub")
+
+
+@pytest.mark.sshd
+def test_remote_changes_between_agent_runs_are_all_seen(
+        sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
+    """The remote helper keeps its tree watched between runs: edits, a new directory, a
+    removed file and a pruned dir's churn on the remote all come back exactly."""
+    local = tmp_path / "local"
+    tree(local)
+    spec, remote = remote_spec(sshd)
+    cfg = str(sshd.ssh_config)
+    client.ok("push", str(local), spec, "-F", cfg)
+    assert client.ok("pull", str(local), spec, "-F", cfg)["downloaded"] == 0
+    write(remote / "d1" / "f1.txt", "edited on the remote\n")
+    write(remote / "fresh" / "deep" / "new.txt", "a new remote dir\n")
+    (remote / "d2" / "f2.txt").unlink()
+    write(remote / "node_modules" / "pkg" / "x.js", "remote junk\n")
+    report = client.ok("pull", str(local), spec, "-F", cfg)
+    assert (report["downloaded"], report["deleted_local"]) == (2, 1)
+    assert kept(remote) == kept(local) and not (local / "node_modules" / "pkg").exists()
+    write(remote / "d0" / "f3.txt", "second edit, same directory set\n")
+    assert client.ok("pull", str(local), spec, "-F", cfg)["downloaded"] == 1
+    assert (local / "d0" / "f3.txt").read_text() == "second edit, same directory set\n"
+    assert client.status()["opened"] == 1
