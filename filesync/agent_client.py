@@ -156,6 +156,8 @@ def _start(path: Path, persist: float, verbose: bool) -> socket.socket | None:
 
 def _exchange(sock: socket.socket, request: dict[str, Any]) -> int | None:
     """Send the request, relay the output; the exit code, or None if the agent was stale."""
+    # A Ctrl-C here closes the socket on its way out; the agent then cancels the run, which
+    # stops between journaled steps, as an interrupted CLI does.
     with sock:
         try:
             _send(sock, request)
@@ -169,10 +171,6 @@ def _exchange(sock: socket.socket, request: dict[str, Any]) -> int | None:
                     return int(reply["exit"])
                 elif reply.get("stale"):
                     return None
-        except KeyboardInterrupt:
-            # Closing the socket makes the agent cancel the run, which stops between
-            # journaled steps, as an interrupted CLI does.
-            raise
         except OSError as exc:
             raise FilesyncError(f"lost the agent mid-run ({exc.strerror}); rerun, nothing "
                                 "was half-applied") from None

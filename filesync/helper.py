@@ -29,6 +29,7 @@ import re
 import stat
 import struct
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from typing import IO, Any
@@ -329,8 +330,6 @@ class WatchedTree:
         ``delta`` is ``(changed rows, removed paths)`` against the previous refresh, or
         None after a full walk. Raises ``OSError`` when watching failed (the caller walks).
         """
-        import time
-
         dirty = self._drain() if self.ifd >= 0 and not self.blind else None
         if dirty is None or time.monotonic() - self.walked_at > self.FULL_EVERY:
             self._walk_all()
@@ -410,8 +409,6 @@ class WatchedTree:
         return bool(name) and self.matcher.matches(prefix + name, True)
 
     def _walk_all(self) -> None:
-        import time
-
         self.close()
         self.dirs, self.paths, self.wds = {}, {"": self.root}, {}
         self.blind, self.linked = False, set()

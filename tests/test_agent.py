@@ -95,6 +95,27 @@ def remote_spec(box: SshdContainer) -> tuple[str, Path]:
     return f"{box.alias}:{rel}", box.home / rel
 
 
+def ssh_setup(box: SshdContainer, tmp_path: Path) -> tuple[Path, str, Path, str]:
+    """A 30-file host tree and a fresh remote dir in ``box``: (local, spec, remote, -F)."""
+    local = tmp_path / "local"
+    tree(local)
+    spec, remote = remote_spec(box)
+    return local, spec, remote, str(box.ssh_config)
+
+
+def big_push_under_way(client: Client, local: Path,
+                       remote: Path) -> tuple[subprocess.Popen[str], bytes]:
+    """Start a push of a 256 MiB file through the agent; return once it is writing."""
+    big = os.urandom(1 << 20) * 256
+    write(local / "big.bin", big)
+    proc = subprocess.Popen([*CLI, "push", str(local), str(remote), "--persist", "60"],
+                            env=client.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for(lambda: any(p.name.startswith(".filesync.") for p in remote.iterdir())
+              or proc.poll() is not None)
+    return proc, big
+
+
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert "Traceback" not in done.stderr, done.stderr
@@ -105,10 +126,7 @@ def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.sshd
 def test_runs_reuse_one_connection_and_match_a_direct_run(
         sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
-    local = tmp_path / "local"
-    tree(local)
-    spec, remote = remote_spec(sshd)
-    cfg = str(sshd.ssh_config)
+    local, spec, remote, cfg = ssh_setup(sshd, tmp_path)
     first = client.ok("push", str(local), spec, "-F", cfg)
     assert first["uploaded"] == 30
     write(local / "d0" / "f0.txt", "edited on the host\n")
@@ -128,10 +146,7 @@ def test_runs_reuse_one_connection_and_match_a_direct_run(
 @pytest.mark.sshd
 def test_a_connection_that_died_while_idle_is_replaced(
         sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
-    local = tmp_path / "local"
-    tree(local)
-    spec, remote = remote_spec(sshd)
-    cfg = str(sshd.ssh_config)
+    local, spec, remote, cfg = ssh_setup(sshd, tmp_path)
     client.ok("push", str(local), spec, "-F", cfg)
     assert sshd.kill_sessions() >= 1  # the kept connection is cut while the agent idles
     write(local / "d1" / "new.txt", "made after the cut\n")
@@ -144,10 +159,7 @@ def test_a_connection_that_died_while_idle_is_replaced(
 @pytest.mark.sshd
 def test_failures_through_the_agent_keep_their_line_and_exit_code(
         sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
-    local = tmp_path / "local"
-    tree(local)
-    spec, remote = remote_spec(sshd)
-    cfg = str(sshd.ssh_config)
+    local, spec, remote, cfg = ssh_setup(sshd, tmp_path)
     remote.parent.mkdir(parents=True, exist_ok=True)
     remote.write_text("a file where the root should be\n")
     done = client.run("push", str(local), spec, "-F", cfg)
@@ -252,13 +264,7 @@ def test_interrupting_the_client_cancels_the_run_safely(client: Client, tmp_path
     local, remote = tmp_path / "local", tmp_path / "remote"
     tree(local, 3)
     client.ok("push", str(local), str(remote))  # the agent is up and warm
-    big = os.urandom(1 << 20) * 256
-    write(local / "big.bin", big)
-    proc = subprocess.Popen([*CLI, "push", str(local), str(remote), "--persist", "60"],
-                            env=client.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    _wait_for(lambda: any(p.name.startswith(".filesync.") for p in remote.iterdir())
-              or proc.poll() is not None)
+    proc, big = big_push_under_way(client, local, remote)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, 130), err
@@ -352,13 +358,7 @@ def test_an_agent_killed_mid_run_costs_one_clean_error_and_nothing_else(
     tree(local, 3)
     client.ok("push", str(local), str(remote))
     pid = client.status()["pid"]
-    big = os.urandom(1 << 20) * 256
-    write(local / "big.bin", big)
-    proc = subprocess.Popen([*CLI, "push", str(local), str(remote), "--persist", "60"],
-                            env=client.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    _wait_for(lambda: any(p.name.startswith(".filesync.") for p in remote.iterdir())
-              or proc.poll() is not None)
+    proc, big = big_push_under_way(client, local, remote)
     os.kill(pid, signal.SIGKILL)
     _out, err = proc.communicate(timeout=60)
     if proc.returncode != 0:  # the kill landed mid-run (it nearly always does)
@@ -445,10 +445,7 @@ def test_remote_changes_between_agent_runs_are_all_seen(
         sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
     """The remote helper keeps its tree watched between runs: edits, a new directory, a
     removed file and a pruned dir's churn on the remote all come back exactly."""
-    local = tmp_path / "local"
-    tree(local)
-    spec, remote = remote_spec(sshd)
-    cfg = str(sshd.ssh_config)
+    local, spec, remote, cfg = ssh_setup(sshd, tmp_path)
     client.ok("push", str(local), spec, "-F", cfg)
     assert client.ok("pull", str(local), spec, "-F", cfg)["downloaded"] == 0
     write(remote / "d1" / "f1.txt", "edited on the remote\n")
