@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from filesync.engine import Options, run_pass
-from filesync.exclude import ExcludeRule
-from filesync.reconcile import Direction
-from filesync.transport.ssh import SshTarget, connect
+from filesync.core.exclude import ExcludeRule
+from filesync.core.reconcile import Direction
+from filesync.sync.engine import Options, run_pass
+from filesync.transport.ssh.conduit import SshTarget, connect
 
 
 async def one(local: Path, cfg: Path, state: Path, remote: str) -> dict[str, object]:

@@ -708,10 +708,10 @@ class Bench:
 
     def step_warm(self) -> None:
         """5. Warm connection: library API on an open connection vs rsync over ControlMaster."""
-        from filesync.engine import Options, run_pass
-        from filesync.exclude import ExcludeRule
-        from filesync.reconcile import Direction
-        from filesync.transport.ssh import SshTarget, connect
+        from filesync.core.exclude import ExcludeRule
+        from filesync.core.reconcile import Direction
+        from filesync.sync.engine import Options, run_pass
+        from filesync.transport.ssh.conduit import SshTarget, connect
 
         if not hasattr(self, "pull_rs"):
             raise BenchError("the warm step needs the pull step's trees (run --steps pull,warm)")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filesync.cli import main
+from filesync.cli.main import main
 
 
 def write(path: Path, data: str | bytes, mode: int | None = None) -> Path:

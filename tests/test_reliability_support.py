@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import filesync.commands
-from filesync.cli import main
+import filesync.cli.commands
+from filesync.cli.main import main
 from filesync.transport.base import Conduit, RemoteProcess
 
 TEMP_MARK = ".filesync."
@@ -210,13 +210,13 @@ class CuttingConduit(Conduit):
 @contextlib.contextmanager
 def cutting(plan: CutPlan) -> Iterator[CutPlan]:
     """Make every CLI run in this block use a ``CuttingConduit`` driven by ``plan``."""
-    real = filesync.commands.open_conduit
+    real = filesync.cli.commands.open_conduit
 
     async def wrapped(target: Any, opts: Any) -> Conduit:
         return CuttingConduit(await real(target, opts), plan)
 
-    filesync.commands.open_conduit = wrapped  # type: ignore[assignment]
+    filesync.cli.commands.open_conduit = wrapped  # type: ignore[assignment]
     try:
         yield plan
     finally:
-        filesync.commands.open_conduit = real
+        filesync.cli.commands.open_conduit = real

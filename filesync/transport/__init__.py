@@ -1,1 +1,1 @@
-"""Conduits: ways to run a command on the remote side with stdin/stdout pipes."""
+"""Transports: how a remote process is started (local, a command prefix, SSH)."""

@@ -1,0 +1,8 @@
+"""``python -m filesync``: the command line."""
+
+import sys
+
+from filesync.cli.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The ``filesync`` command line. Every subcommand takes ``LOCAL REMOTE`` in that order.
+
+Exit codes: 0 done (reported conflicts included), 1 failed, 2 usage, 3 refused by a
+safety guard. Expected failures print one line, ``filesync: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filesync.errors import FilesyncError, UsageError
+
+if TYPE_CHECKING:
+    from filesync.cli.commands import Conduits
+
+#: Commands that may run through the persistent agent (``--persist``).
+AGENT_COMMANDS = frozenset({"push", "pull", "sync", "status", "resolve", "undo"})
+
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = value[-1] if value and value[-1] in UNITS else ""
+    try:
+        return int(float(value[: len(value) - len(unit)]) * UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 2G") from None
+
+
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def _duration(text: str) -> float:
+    value = text.strip().lower()
+    unit = value[-1] if value and value[-1] in _SECONDS else ""
+    try:
+        seconds = float(value[: len(value) - len(unit)]) * _SECONDS[unit]
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90, 10m or 1h")
+    return seconds
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, like every other failure
+        command = " ".join(self.prog.split()[1:])
+        raise UsageError(f"{message} (see 'filesync {command + ' ' if command else ''}--help')")
+
+
+def _common(
+    p: argparse.ArgumentParser, pair: bool = True, fanout: bool = False, config: bool = True
+) -> None:
+    if pair:
+        p.add_argument("local", metavar="LOCAL", nargs="?" if config else None,
+                       help="host directory")
+        p.add_argument("remote", metavar="REMOTE",
+                       nargs="*" if fanout else ("?" if config else None),
+                       help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path"
+                       " (push takes several: it fans out to all of them at once)")
+    if config:
+        p.add_argument("--config", type=Path, metavar="FILE",
+                       help="filesync.toml with remotes and mappings, instead of LOCAL REMOTE")
+    else:
+        p.set_defaults(config=None)
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="gitignore-style pattern to exclude (repeatable)")
+    p.add_argument("--no-default-excludes", action="store_true",
+                   help="do not prune .git, node_modules, .hub, .curator_backups, ...")
+    p.add_argument("-n", "--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--state-dir", type=Path, help="state dir (env FILESYNC_STATE_DIR)")
+    p.add_argument("--force", action="store_true", help="override the safety guards")
+    p.add_argument("-F", "--ssh-config", type=Path, metavar="FILE", help="ssh config file")
+    p.add_argument("-i", "--identity", type=Path, metavar="FILE", help="private key file")
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   help="store an unknown host key (a changed key is always refused)")
+    p.add_argument("--via", metavar="CMD",
+                   help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
+    p.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another run on the same pair")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="overall deadline of a run (0: none); a late run stops cleanly")
+    p.add_argument("--max-file-size", type=_size, default=1 << 30, metavar="SIZE")
+    p.add_argument("--max-pull-bytes", type=_size, default=2 << 30, metavar="SIZE")
+    p.add_argument("--persist", type=_duration, metavar="DURATION",
+                   default=os.environ.get("FILESYNC_PERSIST") or None,
+                   help="run through a background agent that keeps connections open for"
+                   " DURATION after the last run, like ssh's ControlPersist (env"
+                   " FILESYNC_PERSIST; 0 or unset: no agent)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-q", "--quiet", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
+    parser.add_argument("--version", action="version", version="filesync 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, text in (
+        ("push", "make the remote match the host (remote conflicts are saved first)"),
+        ("pull", "bring back what changed on the remote (host wins conflicts)"),
+        ("sync", "both ways; conflicts stay for 'filesync resolve'"),
+        ("status", "print the plan and open conflicts; change nothing"),
+        ("undo", "restore the host files the last pull replaced or deleted"),
+    ):
+        _common(sub.add_parser(name, help=text, description=text),
+                fanout=name == "push", config=name != "undo")
+    resolve = sub.add_parser("resolve", help="settle one conflict")
+    _common(resolve, config=False)
+    resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
+    resolve.add_argument("--keep", choices=("local", "remote"), required=True)
+    demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")
+    demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
+    snippet = sub.add_parser("profile-snippet", help="print an /etc/profile.d PATH snippet")
+    snippet.add_argument("dirs", nargs="+", metavar="DIR")
+    agent = sub.add_parser("agent", help="show or stop the persistent agent (see --persist)")
+    agent.add_argument("action", choices=("status", "stop"))
+    agent.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return parser
+
+
+def parse(args_list: Sequence[str]) -> argparse.Namespace:
+    """Parse a command line; raise ``UsageError`` (exit 2) on bad input."""
+    args = build_parser().parse_args(args_list)
+    if args.command is None:
+        raise UsageError("no command given; run 'filesync --help' for the list")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (also used as the console script)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args_list
+    try:
+        args = parse(args_list)
+        if args.command == "agent":
+            from filesync.cli.agent_client import agent_command
+
+            return agent_command(args.action, args_list)
+        if args.command in AGENT_COMMANDS and args.persist:
+            # Imported here: the agent path must stay free of asyncio and asyncssh.
+            from filesync.cli.agent_client import run_via_agent
+
+            code = run_via_agent(args_list, args.persist, bool(args.verbose))
+            if code is not None:
+                return code
+        return _dispatch(args)
+    except BaseException as exc:
+        return handle_failure(exc, json_mode)
+
+
+async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:
+    """What ``main`` does for a pass command, run on the agent's loop with its conduits."""
+    from filesync.cli.commands import run_command
+
+    try:
+        args = parse(args_list)
+        args.watch = True  # the agent outlives the run: its trees stay watched between runs
+        return await run_command(args, conduits)
+    except BaseException as exc:
+        return handle_failure(exc, "--json" in args_list)
+
+
+def handle_failure(exc: BaseException, json_mode: bool) -> int:
+    """Turn an expected failure into its one line (and JSON) and exit code; re-raise the rest."""
+    if isinstance(exc, FilesyncError):
+        _fail(exc, json_mode)
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        print("filesync: error: interrupted; rerun to finish, nothing was half-applied",
+              file=sys.stderr)
+        return 130
+    sqlite3 = sys.modules.get("sqlite3")  # not imported for --help or the agent client
+    if isinstance(exc, OSError) or (sqlite3 is not None and isinstance(exc, sqlite3.Error)):
+        # Last line of defence (a full disk under the state dir, a vanished directory):
+        # one line, exit 1. What was applied is journaled; a rerun finishes or redoes it.
+        _fail(FilesyncError(_system_error(exc)), json_mode)
+        return 1
+    raise exc
+
+
+def _system_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        text = f"{exc.strerror or exc}{where}"
+    else:
+        text = f"state database: {exc}"
+    return " ".join(text.split()) + "; fix the cause (a full disk?) and rerun"
+
+
+def _fail(exc: FilesyncError, json_mode: bool) -> None:
+    print(f"filesync: error: {exc.message}", file=sys.stderr)
+    if json_mode:
+        report = getattr(exc, "report", None)
+        out: dict[str, Any] = report.to_json() if report is not None else {}
+        out.update(error=exc.message, exit_code=exc.exit_code)
+        print(json.dumps(out))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "profile-snippet":
+        from filesync.profile_snippet import profile_snippet
+
+        try:
+            sys.stdout.write(profile_snippet(args.dirs))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return 0
+    if args.command == "demo":
+        from filesync.cli.demo import run_demo
+
+        return run_demo(args.keep_dir)
+    import asyncio
+
+    from filesync.cli.commands import run_command
+
+    return asyncio.run(run_command(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Endpoints: the remote tree as one contract, over the python helper or plain POSIX tools."""

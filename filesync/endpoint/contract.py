@@ -1,0 +1,129 @@
+"""The endpoint contract: what a pass may ask of the remote tree, and what each call promises.
+
+Two endpoints implement it, without inheritance between them:
+``filesync.endpoint.helper.HelperEndpoint`` (the python helper of ``filesync.tree``, run on
+the remote) and ``filesync.endpoint.posix.PosixEndpoint`` (``sh``, ``find`` and ``tar``,
+for a remote without python3). ``tests/endpoint/test_contract.py`` runs one suite against
+both over a real sshd.
+
+Common guarantees of every method that takes a ``root``:
+
+- ``root`` is absolute, as ``resolve_root`` returned it; nothing outside it is read,
+  written or created, whatever the remote does meanwhile (symlinks swapped in, directories
+  renamed): a path that would leave it is refused with a safety reason code;
+- a name that ``filesync.tree.paths.unsafe_reason`` refuses is never opened;
+- a method either completes, or raises ``TransportError`` (``ConnectionLost`` when the
+  connection dropped); a raised call may have done part of its work, but never half of a
+  file: every file is old or new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from filesync.core.exclude import ExcludeRule
+from filesync.core.model import Entry, Listing
+
+
+@dataclass(slots=True)
+class SendItem:
+    """One file to upload. ``expect`` is the remote (size, mtime_ns) it may replace."""
+
+    path: str
+    mode: int
+    mtime_ns: int
+    expect: tuple[int, int] | None
+    chunks: Callable[[], Iterator[bytes]]  # may raise to abort this one file
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the remote did with one file: ``ok``, ``changed`` or ``error``.
+
+    ``size``/``mtime_ns`` are what the remote stored (``ok`` of a send); ``reason`` says why
+    a file was not done, a ``filesync.tree.wire.Reason`` value for the safety refusals.
+    """
+
+    path: str
+    status: str
+    size: int = 0
+    mtime_ns: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchHeader:
+    """A fetched file as the remote saw it when it opened it."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    mode: int
+
+
+class FetchSink(Protocol):
+    """Receives fetched files, one at a time, in the order the remote sends them."""
+
+    def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
+        """A new file starts; returns the writer its bytes are passed to, in order."""
+
+    def end(self, head: FetchHeader, ok: bool, reason: str) -> None:
+        """The file ended: ``ok`` if it was read whole and unchanged, else ``reason``."""
+
+    def failed(self, path: str, reason: str) -> None:
+        """``path`` could not be sent at all (vanished, refused, unreadable)."""
+
+
+class Endpoint(Protocol):
+    """The remote tree of one connection, serving any number of roots."""
+
+    #: Keep listed roots current between listings (inotify), for sessions that outlive
+    #: one pass; an endpoint that cannot watch lists afresh, with the same results.
+    watch: bool
+    #: Set once the stream can no longer be trusted; ``close`` then ends it at once.
+    broken: bool
+
+    def resolve_root(self, path: str) -> str:
+        """The absolute, normalized root for ``path`` as the user wrote it (``~``,
+        ``~/x``, relative to the remote's working directory, or absolute). Pure: no I/O."""
+
+    async def prefetch_list(self, root: str, rule: ExcludeRule) -> None:
+        """Ask for ``list_tree(root, rule)`` ahead, so the remote walks while the caller
+        works; the next ``list_tree`` with the same arguments reads it. May do nothing."""
+
+    async def list_tree(self, root: str, rule: ExcludeRule) -> Listing:
+        """The regular files under ``root``, as fresh as the walk that made them.
+
+        Excluded directories are pruned before they are read; symlinks, special files,
+        remote hard links and unsafe names come back in ``skipped`` with their reason,
+        never in ``entries``; a missing root lists as ``exists=False``. Stale temp files
+        of dead filesync runs are removed.
+        """
+
+    async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
+        """Stream each of ``paths`` into ``sink``: ``begin``/``end`` per file sent,
+        ``failed`` per file that could not be. A file that changed while it was read
+        ends with ``ok=False``. Only the asked paths, each at most once."""
+
+    async def send(self, root: str, items: Iterable[SendItem],
+                   count: int | None = None) -> list[Outcome]:
+        """Upload ``items`` (``count`` of them, if they come from a generator); one
+        ``Outcome`` per item, in order.
+
+        Each file is written to a temp name inside the root, fsynced, given its mode and
+        mtime, and renamed over its target only if the target still has the ``expect``ed
+        size and mtime (absent when ``expect`` is None); otherwise ``changed``, target
+        untouched. Missing parent directories are created; existing ones are never
+        chmodded. No temp file is left behind, inside the root or outside it.
+        """
+
+    async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
+        """Unlink each file if it is still as listed (size, mtime), else ``changed``;
+        directories a deletion leaves empty are removed, never the root. One ``Outcome``
+        per regular file of ``files``, in order."""
+
+    async def close(self) -> None:
+        """End the remote side and wait for it; never raises. A broken endpoint is
+        killed at once; a polite one is asked to exit, and killed if it does not."""

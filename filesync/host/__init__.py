@@ -1,0 +1,1 @@
+"""The host side: the host tree's scan, journaled apply and recovery, and the pair's state."""

@@ -1,0 +1,1 @@
+"""Sync orchestration: one pass over one pair, from frozen inputs to a report."""

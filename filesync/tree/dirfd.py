@@ -1,0 +1,256 @@
+"""File operations through directory descriptors: nothing outside the root, ever.
+
+Every path is opened component by component with ``O_NOFOLLOW`` relative to the root's
+descriptor; a replaced file is written to a temp name in its directory, fsynced and
+renamed, and only if the target still has the size and mtime the client saw, checked
+right before the rename. Existing directories are never chmodded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+from typing import Any
+
+from filesync.tree.paths import split_rel
+from filesync.tree.wire import reason_of
+
+TEMP_PREFIX = ".filesync."
+TEMP_SUFFIX = ".tmp"
+_TEMP_RE = re.compile(r"^\.filesync\.(\d+)\.\d+\.tmp$")
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+def is_temp_name(name: str) -> bool:
+    """True for filesync's own in-flight temp files, which are never synced."""
+    return _TEMP_RE.match(name) is not None
+
+
+def stale_temp(name: str) -> bool:
+    match = _TEMP_RE.match(name)
+    if match is None:
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+
+def open_parent(root_fd: int, parts: list[str], create: bool) -> int:
+    """Open the directory holding ``parts[-1]`` without following any symlink."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            nfd = open_dir(fd, part, create)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def stat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def unchanged(st: os.stat_result | None, expect: list[int] | None) -> bool:
+    """True if the target is as the client saw it: absent, or a file of that size/mtime."""
+    if expect is None:
+        return st is None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return False
+    return st.st_size == expect[0] and st.st_mtime_ns == expect[1]
+
+
+
+
+class Dirs:
+    """Directory descriptors of one request, kept from one file to the next.
+
+    Holds the chain of directories leading to the last one used: files sent in path
+    order reuse it, and only the components that differ are opened (each one
+    ``O_NOFOLLOW`` relative to its opened parent, as ``open_parent`` does) or closed.
+    The chain is bounded by the path depth. Like any open descriptor, a cached one
+    keeps naming its directory if that is renamed meanwhile; a directory's own
+    owner can do that, nobody can make it follow a symlink.
+    """
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.names: list[str] = []
+        self.fds: list[int] = []
+
+    def parent(self, parts: list[str], create: bool) -> int:
+        """The descriptor of the directory holding ``parts[-1]`` (owned by this cache)."""
+        dirs = parts[:-1]
+        names = self.names
+        keep = 0
+        limit = min(len(dirs), len(names))
+        while keep < limit and dirs[keep] == names[keep]:
+            keep += 1
+        self._close_from(keep)
+        fd = self.fds[-1] if self.fds else self.root_fd
+        for part in dirs[keep:]:
+            fd = open_dir(fd, part, create)
+            self.names.append(part)
+            self.fds.append(fd)
+        return fd
+
+    def forget(self) -> None:
+        """Drop the cached chain (a directory of it went away meanwhile)."""
+        self._close_from(0)
+
+    def _close_from(self, depth: int) -> None:
+        while len(self.fds) > depth:
+            os.close(self.fds.pop())
+            self.names.pop()
+
+    def close(self) -> None:
+        self._close_from(0)
+
+
+def open_dir(fd: int, part: str, create: bool) -> int:
+    """Open the directory ``part`` in ``fd`` without following a symlink."""
+    try:
+        return os.open(part, DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(part, 0o777, dir_fd=fd)
+        return os.open(part, DIR_FLAGS, dir_fd=fd)
+    except NotADirectoryError:
+        # Linux says ENOTDIR for O_DIRECTORY|O_NOFOLLOW on a symlink: name it.
+        st = stat_at(fd, part)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "symlink in path", part) from None
+        raise
+
+
+
+class TempFile:
+    """A temp file beside the target, committed by rename only if the target is unchanged.
+
+    The parent directory's descriptor belongs to ``dirs`` (shared by the files of one
+    request); only the temp file's own descriptor is this object's.
+    """
+
+    def __init__(self, dirs: Dirs, rel: str, temp: str, error: str) -> None:
+        self.rel, self.temp = rel, temp
+        self.error = error
+        self.pfd = -1
+        self.fd = -1
+        if error:
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.parts = split_rel(rel)
+            try:
+                self.pfd = dirs.parent(self.parts, True)
+                self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
+            except FileNotFoundError:
+                # A cached parent was removed since the last file: open the path afresh.
+                dirs.forget()
+                self.pfd = dirs.parent(self.parts, True)
+                self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
+        except (OSError, ValueError) as exc:
+            self.error = reason_of(exc)
+            self._close()
+
+    def write(self, data: bytes) -> None:
+        if self.error:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            self.error = reason_of(exc)
+            self.abort()
+
+    def commit(self, mode: int, mtime_ns: int, expect: list[int] | None) -> list[Any]:
+        if self.error:
+            self.abort()
+            return [self.rel, "error", self.error]
+        try:
+            os.fchmod(self.fd, mode & 0o7777)
+            # Durability before the rename, so that a power loss on the remote never
+            # leaves a replaced file empty or torn. Free on tmpfs (3k-file send: 78 vs
+            # 77 ms), the main cost on a disk (ext4 on virtio: 643 vs 110 ms); kept.
+            os.fsync(self.fd)
+            os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+            # What the file system stored (it may keep coarser times than asked for).
+            st = os.fstat(self.fd)
+            if not unchanged(stat_at(self.pfd, self.parts[-1]), expect):
+                self.abort()
+                return [self.rel, "changed", "changed on the remote during the run"]
+            os.rename(self.temp, self.parts[-1], src_dir_fd=self.pfd, dst_dir_fd=self.pfd)
+        except OSError as exc:
+            self.abort()
+            return [self.rel, "error", reason_of(exc)]
+        self._close()
+        return [self.rel, "ok", st.st_size, st.st_mtime_ns]
+
+    def abort(self) -> None:
+        if self.pfd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temp, dir_fd=self.pfd)
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = self.pfd = -1
+
+
+def delete_file(rfd: int, rel: str, expect: list[int]) -> list[Any]:
+    """Unlink ``rel`` if it is still as listed; prune directories it leaves empty."""
+    try:
+        parts = split_rel(rel)
+        pfd = open_parent(rfd, parts, False)
+    except FileNotFoundError:
+        return [rel, "ok"]
+    except (OSError, ValueError) as exc:
+        return [rel, "error", reason_of(exc)]
+    try:
+        st = stat_at(pfd, parts[-1])
+        if st is None:
+            return [rel, "ok"]
+        if not unchanged(st, expect):
+            return [rel, "changed", "changed on the remote during the run"]
+        os.unlink(parts[-1], dir_fd=pfd)
+    except OSError as exc:
+        return [rel, "error", reason_of(exc)]
+    finally:
+        os.close(pfd)
+    prune_empty_dirs(rfd, parts[:-1])
+    return [rel, "ok"]
+
+
+def prune_empty_dirs(rfd: int, dirs: list[str]) -> None:
+    """Remove now-empty parent directories, deepest first, never the root."""
+    while dirs:
+        try:
+            pfd = open_parent(rfd, dirs, False)
+        except OSError:
+            return
+        try:
+            os.rmdir(dirs[-1], dir_fd=pfd)
+        except OSError:
+            return
+        finally:
+            os.close(pfd)
+        dirs = dirs[:-1]
+

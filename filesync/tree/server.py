@@ -1,0 +1,287 @@
+"""The request loop the remote helper runs (``serve``), one root per request.
+
+It answers list/fetch/send/delete requests framed as in ``filesync.tree.wire``, and
+ends at ``bye`` or end of input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Dirs, TempFile, delete_file
+from filesync.tree.ignore import Matcher
+from filesync.tree.paths import home_dir, resolve_root, split_rel
+from filesync.tree.walk import walk
+from filesync.tree.watch import WatchedTree
+from filesync.tree.wire import CHUNK, END_OK, PROTOCOL, BadRequest, Channel, is_count, reason_of
+
+#: How many (root, rule) listings one helper remembers for delta replies.
+MAX_REMEMBERED = 4
+
+
+class Server:
+    """Answers list/fetch/send/delete requests for one root."""
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.counter = 0
+        #: listings remembered for delta replies: key -> (generation, rel -> row)
+        self.listings: dict[str, tuple[int, dict[str, list[Any]]]] = {}
+        #: Trees kept current by inotify (``"watch": true``), with the generation sent last.
+        self.watched: dict[str, tuple[int, WatchedTree]] = {}
+        self.generation = 0
+        self.cwd = os.getcwd()
+        home = home_dir()
+        self.home = home if home.startswith("/") else self.cwd
+
+    def hello(self) -> dict[str, Any]:
+        return {"hello": PROTOCOL, "cwd": self.cwd, "home": self.home, "pid": os.getpid()}
+
+    def resolve(self, root: str) -> str:
+        return resolve_root(root, self.cwd, self.home)
+
+    def root_fd(self, root: str, create: bool) -> int:
+        path = self.resolve(root)
+        if create:
+            os.makedirs(path, exist_ok=True)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+
+    def op_list(self, req: dict[str, Any]) -> None:
+        """List a root: a full walk and stat every time.
+
+        With ``"delta": true`` the listing is also remembered (per root and rule), and
+        when ``since`` names the generation remembered last, only the rows that differ
+        from it are sent (``entries``: new or changed, ``removed``: gone) with
+        ``base``; the client applies them to its copy of that generation. Only the
+        encoding and transfer are saved: the walk is as fresh as a full listing's.
+        With ``"watch": true`` as well, the root is kept as a ``WatchedTree`` and only the
+        directories inotify reported since are listed again (see ``_list_watched``).
+        """
+        root = self.resolve(req["root"])
+        reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
+        reply["is_dir"] = os.path.isdir(root)
+        key = json.dumps([root, req["names"], req["patterns"]])
+        remembered = self.listings.pop(key, None)
+        watch = req.get("watch") is True and req.get("delta") is True
+        if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
+            return
+        if reply["is_dir"]:
+            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            entries, skipped, excluded = walk(root, matcher)
+            reply.update(entries=entries, skipped=skipped, excluded=excluded)
+            if req.get("delta") is True:
+                since = req.get("since")
+                rows: dict[str, list[Any]] | None = None
+                if remembered is not None and since == remembered[0] and is_count(since):
+                    before = remembered[1]
+                    rows = {row[0]: row for row in entries}
+                    reply["entries"] = [row for row in entries if before.get(row[0]) != row]
+                    reply["removed"] = [rel for rel in before if rel not in rows]
+                    reply["base"] = since
+                self.generation += 1
+                reply["gen"] = self.generation
+                self.chan.send_json(reply, b"Z")
+                # Remembered after the reply went out: a first listing is not delayed.
+                if rows is None:
+                    rows = {row[0]: row for row in entries}
+                self.listings[key] = (self.generation, rows)
+                while len(self.listings) > MAX_REMEMBERED:  # oldest first (insertion order)
+                    del self.listings[next(iter(self.listings))]
+                return
+        self.chan.send_json(reply, b"Z")
+
+    def _list_watched(self, key: str, root: str, req: dict[str, Any],
+                      reply: dict[str, Any]) -> bool:
+        """Answer a listing from the root's ``WatchedTree``; False if it cannot be watched.
+
+        The delta comes from the directories inotify reported, not from comparing whole
+        listings; a quiet tree is answered without a walk.
+        """
+        held = self.watched.pop(key, None)
+        tree = held[1] if held is not None else None
+        if tree is None:
+            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            tree = WatchedTree.create(root, matcher)
+            if tree is None:
+                return False
+        try:
+            entries, skipped, excluded, delta = tree.refresh()
+        except OSError:  # out of watches, say: this root is walked from now on
+            tree.close()
+            return False
+        reply.update(entries=entries, skipped=skipped, excluded=excluded)
+        since = req.get("since")
+        if delta is not None and held is not None and since == held[0] and is_count(since):
+            reply.update(entries=delta[0], removed=delta[1], base=since)
+        self.generation += 1
+        reply["gen"] = self.generation
+        self.chan.send_json(reply, b"Z")
+        self.watched[key] = (self.generation, tree)
+        while len(self.watched) > MAX_REMEMBERED:
+            self.watched.pop(next(iter(self.watched)))[1].close()
+        return True
+
+    def op_fetch(self, req: dict[str, Any]) -> None:
+        rfd = self.root_fd(req["root"], False)
+        dirs = Dirs(rfd)
+        try:
+            for rel in req["paths"]:
+                self._send_one(dirs, rel)
+        finally:
+            dirs.close()
+            os.close(rfd)
+        self.chan.send_json({"done": True})
+
+    def _send_one(self, dirs: Dirs, rel: str) -> None:
+        try:
+            parts = split_rel(rel)
+            pfd = dirs.parent(parts, False)
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
+        except (OSError, ValueError) as exc:
+            self.chan.send_json({"path": rel, "error": reason_of(exc)}, b"H", False)
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.chan.send_json({"path": rel, "error": "not a regular file"}, b"H", False)
+                return
+            head = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    "mode": st.st_mode & 0o7777}
+            self.chan.send_json(head, b"H", False)
+            # Read one byte past the announced size, so that a small file costs one
+            # read and an end-of-file read, without a 1 MiB buffer each.
+            left = st.st_size
+            while chunk := os.read(fd, min(CHUNK, left + 1) if left >= 0 else CHUNK):
+                left -= len(chunk)
+                self.chan.write(b"D", chunk)
+            after = os.fstat(fd)
+            torn = (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
+            end = {"ok": False, "error": "changed while being read"} if torn else {"ok": True}
+            self.chan.send_json(end, b"E", False)
+        finally:
+            os.close(fd)
+
+    def op_send(self, req: dict[str, Any]) -> None:
+        results: list[list[Any]] = []
+        try:
+            rfd, error = self.root_fd(req["root"], True), ""
+        except OSError as exc:
+            # Keep consuming the stream so that the protocol stays in step.
+            rfd, error = -1, reason_of(exc)
+        dirs = Dirs(rfd)
+        try:
+            for _ in range(req["count"]):
+                frame = self.chan.read_json()
+                if frame is None or frame[0] != b"H":
+                    raise EOFError("stream ended mid-send")
+                results.append(self._receive_one(dirs, frame[1], error))
+        finally:
+            dirs.close()
+            if rfd >= 0:
+                os.close(rfd)
+        self.chan.send_json({"results": results}, b"Z")
+
+    def _receive_one(self, dirs: Dirs, head: dict[str, Any], error: str) -> list[Any]:
+        rel: Any = head.get("path")
+        mode: Any = head.get("mode")
+        mtime_ns: Any = head.get("mtime_ns")
+        expect: Any = head.get("expect")
+        if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
+            expect is None
+            or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
+        )):
+            raise BadRequest("malformed file header")
+        sink = TempFile(dirs, rel, self._temp_name(), error)
+        read_frame = self.chan.read_frame
+        while True:
+            frame = read_frame()
+            if frame is None:
+                sink.abort()
+                raise EOFError("stream ended mid-file")
+            kind, payload = frame
+            if kind == b"D":
+                sink.write(payload)
+                continue
+            if kind == b"E" and payload in END_OK:
+                return sink.commit(mode, mtime_ns, expect)
+            try:
+                end = json.loads(payload) if kind == b"E" else None
+            except (ValueError, RecursionError):
+                end = None
+            if not isinstance(end, dict):
+                sink.abort()
+                raise BadRequest("expected a D or E frame inside a file")
+            if not end.get("ok"):
+                sink.abort()
+                return [rel, "error", end.get("error", "aborted by client")]
+            return sink.commit(mode, mtime_ns, expect)
+
+    def _temp_name(self) -> str:
+        self.counter += 1
+        return f"{TEMP_PREFIX}{os.getpid()}.{self.counter}{TEMP_SUFFIX}"
+
+    def op_delete(self, req: dict[str, Any]) -> None:
+        results: list[list[Any]] = []
+        rfd = self.root_fd(req["root"], False)
+        try:
+            for rel, size, mtime_ns in req["files"]:
+                results.append(delete_file(rfd, rel, [size, mtime_ns]))
+        finally:
+            os.close(rfd)
+        self.chan.send_json({"results": results}, b"Z")
+
+
+
+def serve(inp: IO[bytes], out: IO[bytes]) -> None:
+    """Answer requests until ``bye`` or end of input."""
+    chan = Channel(inp, out)
+    server = Server(chan)
+    ops: dict[str, Callable[[dict[str, Any]], None]] = {
+        "list": server.op_list,
+        "fetch": server.op_fetch,
+        "send": server.op_send,
+        "delete": server.op_delete,
+    }
+    chan.send_json(server.hello())
+    while True:
+        try:
+            frame = chan.read_json()
+        except BadRequest as exc:
+            chan.send_json({"error": f"bad request: {exc}"})
+            return  # the framing itself is not trusted any more
+        if frame is None:
+            return
+        req = frame[1]
+        op = req.get("op")
+        if op == "bye":
+            chan.send_json({"bye": True})
+            return
+        handler = ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            chan.send_json({"error": f"unknown op {str(op)[:100]!r}"})
+            continue
+        try:
+            handler(req)
+        except OSError as exc:
+            chan.send_json({"error": reason_of(exc), "errno": exc.errno or 0})
+        except EOFError:
+            return
+        except Exception as exc:  # a malformed request: answer once, then stop
+            chan.send_json({"error": f"bad request: {type(exc).__name__}"})
+            return
+
+
+def main() -> None:
+    """The remote helper's entry point: serve stdin/stdout until ``bye`` or end of input."""
+    with contextlib.suppress(EOFError, BrokenPipeError, KeyboardInterrupt):
+        serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The benchmark in --smoke mode: it runs end to end and filesync's transfers are right.
+
+Runs ``bench/run.py --smoke`` (tiny trees, one repetition, steps initial/no-op/edit/pull/
+warm/fan-out against real namespaced OpenSSH sshd containers) and checks the structure of
+its result JSON and that every correctness check inside the bench passed -- then compares
+the trees it left behind itself.  No timing is asserted: figures from a CI machine mean
+nothing.  Needs root and namespaces like the sshd tests; under CI (``CI`` set) a missing
+capability fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import sshd  # noqa: E402
+import trees  # noqa: E402
+
+AGENT = "filesync --persist"  # the CLI through the opt-in agent, measured next to it
+
+pytestmark = [pytest.mark.sshd, pytest.mark.timeout(240)]
+
+SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm_noop", "warm_pull", "fanout")
+
+
+def _require() -> None:
+    ok, why = sshd.sshd_available()
+    missing = [t for t in ("rsync", "ssh", "tar") if shutil.which(t) is None]
+    if ok and not missing:
+        return
+    reason = why or f"missing tools: {', '.join(missing)}"
+    if os.environ.get("CI"):
+        pytest.fail(f"bench smoke test cannot run in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    _require()
+    base = tmp_path_factory.mktemp("bench")
+    work, out = base / "work", base / "result.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--no-tmpfs", "--keep",
+         "--workdir", str(work), "--out", str(out), "--no-docs"],
+        capture_output=True, text=True, timeout=220, env=env, check=False,
+    )
+    assert out.exists(), f"no result JSON\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    assert proc.returncode == 0, (
+        f"bench exited {proc.returncode}; errors {result.get('errors')}; failed checks "
+        f"{[c for c in result.get('checks', []) if not c['ok']]}\n{proc.stderr[-3000:]}"
+    )
+    return result, work
+
+
+def test_result_has_every_smoke_step_with_medians_and_ratios(
+    smoke: tuple[dict[str, Any], Path],
+) -> None:
+    result, _ = smoke
+    assert result["meta"]["smoke"] is True
+    assert not result["errors"]
+    for key in SMOKE_STEPS:
+        step = result["steps"][key]
+        assert step["reps"] == 1
+        assert step["runs"].keys() == step["median"].keys()
+        for tool, runs in step["runs"].items():
+            assert len(runs) == 1, tool
+            assert runs[0]["rc"] == 0, tool
+            assert runs[0]["wall"] > 0, tool
+            assert {"wall", "min_wall", "cpu", "remote_cpu", "maxrss_mib", "wire"} <= set(
+                step["median"][tool])
+        assert step["ratios"], key
+        assert all(v > 0 for v in step["ratios"].values()), key
+    assert set(result["steps"]["initial"]["runs"]) == {"filesync", AGENT, "rsync", "tar"}
+    assert set(result["steps"]["pull"]["runs"]) == {"filesync", AGENT, "rsync", "old sync-back"}
+    assert {"filesync/old sync-back", f"{AGENT}/old sync-back", f"{AGENT}/rsync"} <= set(
+        result["steps"]["pull"]["ratios"])
+    fan = result["steps"]["fanout"]["ratios"]
+    assert set(fan) == {"filesync 2 hosts/filesync 1 host", f"{AGENT} 2 hosts/{AGENT} 1 host"}
+    # the agent's own CPU is counted into its runs, not left out
+    assert all(r["cpu"] > 0 for r in result["steps"]["initial"]["runs"][AGENT])
+    assert result["steps"]["fanout"]["hosts"] == 2
+
+
+def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Path]) -> None:
+    result, _ = smoke
+    targets = {t["name"]: t for t in result["targets"]}
+    assert len(targets) >= 14
+    for name in ("cold initial push vs rsync", "cold no-op push vs rsync", "cold pull vs rsync",
+                 "cold pull vs old sync-back", "pull wire bytes",
+                 "warm no-op sync vs rsync over ControlMaster", "warm pull vs rsync over "
+                 "ControlMaster", "2-host fan-out vs 1 host"):
+        assert targets[name]["met"] in (True, False), name
+        if "ControlMaster" not in name:  # measured both ways: with and without the agent
+            assert targets[f"{name} [--persist]"]["met"] in (True, False), name
+    # steps the smoke run leaves out are reported as not run, never as met
+    assert targets["1 GiB push peak RSS (CLI)"]["met"] is None
+    assert targets["1 GiB push peak RSS [--persist]"]["met"] is None
+
+
+def test_every_correctness_check_in_the_bench_passed(smoke: tuple[dict[str, Any], Path]) -> None:
+    result, _ = smoke
+    names = [c["name"] for c in result["checks"]]
+    assert any("remote == local (filesync)" in n for n in names)
+    assert any("pull downloads exactly" in n for n in names)
+    assert [c for c in result["checks"] if not c["ok"]] == []
+
+
+def test_filesync_trees_left_behind_are_identical(smoke: tuple[dict[str, Any], Path]) -> None:
+    _, work = smoke
+    local = work / "host" / "main"
+    # Indexes held by other containers (the session's sshd) leave empty box dirs behind.
+    boxes = sorted((b for b in (work / "boxes").iterdir() if (b / "home" / "fan").exists()),
+                   key=lambda p: int(p.name[3:]))
+    assert len(boxes) == 2
+    # after push, edit push, pull and warm pull the remote copy equals the host tree
+    assert trees.compare_trees(local, boxes[0] / "home" / "fs") == []
+    # the same through the agent, on its own pair
+    assert trees.compare_trees(work / "host" / "main-agent", boxes[0] / "home" / "fsa") == []
+    # fan-out reached both hosts with the whole tree
+    for box in boxes:
+        assert trees.compare_trees(local, box / "home" / "fan") == []
+    # excluded dirs were neither pushed nor pulled back
+    assert not (boxes[0] / "home" / "fs" / "node_modules").exists()
+    assert not list((local / ".curator_backups").glob("junk-*"))
+    assert trees.kept_files(local) and len(trees.kept_files(local)) == 62
