@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+#: The kind of every listed entry: the walks list regular files only.
 FILE = "f"
-DIR = "d"
-SYMLINK = "l"
-OTHER = "o"
 
 
 class Entry(NamedTuple):

@@ -22,6 +22,7 @@ from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem
 from filesync.errors import ConnectionLost, FilesyncError, TransportError
 from filesync.host.apply import crash_point
 from filesync.transport.base import Conduit, RemoteProcess
+from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload
 from filesync.tree.paths import resolve_root
 
@@ -61,7 +62,7 @@ class HelperEndpoint:
         #: whose reply is unread: (root as sent, rule wire)
         self._early: tuple[str, dict[str, Any]] | None = None
         #: the last listing received per (root, rule), the base of the next delta reply
-        self._bases: dict[tuple[str, str], _Base] = {}
+        self._bases: Bounded[tuple[str, str], _Base] = Bounded(MAX_BASES)
         #: ask the helper to keep listed roots watched (inotify), so that a later listing
         #: lists again only what changed; for sessions that outlive one pass
         self.watch = False
@@ -248,7 +249,7 @@ class HelperEndpoint:
         ):
             raise self._garbage("malformed listing")
         key = (root, _wire_key(wire))
-        base = self._bases.pop(key, None)
+        base = self._bases.pop(key)
         listing = Listing(reply["root"], bool(reply.get("exists")))
         if reply.get("exists") and not reply.get("is_dir"):
             raise TransportError(
@@ -290,9 +291,7 @@ class HelperEndpoint:
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:
             # Kept as received: the listing handed out is a copy its user may change.
-            self._bases[key] = _Base(gen, files, odd)
-            while len(self._bases) > MAX_BASES:
-                del self._bases[next(iter(self._bases))]
+            self._bases.put(key, _Base(gen, files, odd))
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:

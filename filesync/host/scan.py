@@ -7,7 +7,6 @@ import json
 import os
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
@@ -19,6 +18,7 @@ import xxhash
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing, Skipped
+from filesync.tree.bounded import Bounded
 from filesync.tree.paths import all_safe, unsafe_reason
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree
@@ -154,9 +154,10 @@ class _Watched:
 
 
 #: Watched host trees by (root, rule); the oldest are closed beyond ``MAX_WATCHED``.
-_WATCHED: dict[tuple[str, str], _Watched | None] = {}
-_WATCHED_LOCK = threading.Lock()
 MAX_WATCHED = 8
+_WATCHED: Bounded[tuple[str, str], _Watched | None] = Bounded(
+    MAX_WATCHED, lambda old: old.tree.close() if old is not None else None)
+_WATCHED_LOCK = threading.Lock()
 
 
 def _watched(root: Path, rule: ExcludeRule) -> _Watched | None:
@@ -164,12 +165,8 @@ def _watched(root: Path, rule: ExcludeRule) -> _Watched | None:
     with _WATCHED_LOCK:
         if key not in _WATCHED:
             tree = WatchedTree.create(str(root), rule.matcher())
-            _WATCHED[key] = _Watched(tree) if tree is not None else None
-            while len(_WATCHED) > MAX_WATCHED:
-                old = _WATCHED.pop(next(iter(_WATCHED)))
-                if old is not None:
-                    old.tree.close()
-        return _WATCHED[key]
+            _WATCHED.put(key, _Watched(tree) if tree is not None else None)
+        return _WATCHED.get(key)
 
 
 def scan_cached(
@@ -229,16 +226,6 @@ def hash_needed(scan: LocalScan, root: Path, needed: Callable[[str], bool]) -> N
         if scan.cacheable(entry):
             scan.cache_rows[rel] = (entry.size, entry.mtime_ns, entry.ino, digest)
     scan.misses = []
-
-
-def scan_local(
-    root: Path, rule: ExcludeRule, cache: dict[str, tuple[int, int, int, str]]
-) -> LocalScan:
-    """List and hash the whole host tree, re-reading only files whose stat changed."""
-    started_ns = time.time_ns()
-    scan = scan_cached(list_local(root, rule), cache, started_ns)
-    hash_needed(scan, root, lambda _rel: True)
-    return scan
 
 
 class HashingReader:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import xxhash
 
 from filesync.errors import FilesyncError, LockBusy
+from filesync.tree.bounded import Bounded
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ancestor(
@@ -83,11 +84,11 @@ class _Pooled:
         self.ancestors = self.local = self.remote = None
 
 
-#: Idle databases by path. An entry is taken out while a ``PairState`` uses it, so two
-#: states never share one (the pair lock already keeps them apart).
-_POOL: dict[str, _Pooled] = {}
 #: Idle databases kept open at most (each holds three descriptors: db, wal, shm).
 POOL_MAX = 4
+#: Idle databases by path. An entry is taken out while a ``PairState`` uses it, so two
+#: states never share one (the pair lock already keeps them apart).
+_POOL: Bounded[str, _Pooled] = Bounded(POOL_MAX, lambda old: _close_own(old))
 
 
 def _data_version(conn: sqlite3.Connection) -> int:
@@ -104,7 +105,7 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def _take_pooled(path: Path) -> _Pooled | None:
     """The idle connection to ``path`` if it is still that file, with its reads if valid."""
-    pooled = _POOL.pop(str(path), None)
+    pooled = _POOL.pop(str(path))
     if pooled is None:
         return None
     if pooled.pid != os.getpid():
@@ -120,21 +121,20 @@ def _take_pooled(path: Path) -> _Pooled | None:
 
 
 def _give_back(pooled: _Pooled) -> None:
-    _POOL[pooled.key] = pooled
-    while len(_POOL) > POOL_MAX:
-        oldest = _POOL.pop(next(iter(_POOL)))
-        if oldest.pid == os.getpid():
-            oldest.conn.close()
+    _POOL.put(pooled.key, pooled)
+
+
+def _close_own(pooled: _Pooled) -> None:
+    if pooled.pid == os.getpid():  # one inherited over fork is the parent's to close
+        with contextlib.suppress(sqlite3.Error):
+            pooled.conn.close()
 
 
 @atexit.register
 def close_pooled() -> None:
     """Close every idle database (at exit: SQLite checkpoints its WAL on the last close)."""
-    while _POOL:
-        _key, pooled = _POOL.popitem()
-        if pooled.pid == os.getpid():
-            with contextlib.suppress(sqlite3.Error):
-                pooled.conn.close()
+    for pooled in _POOL.drain():
+        _close_own(pooled)
 
 
 def default_state_dir() -> Path:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
+from filesync.tree.bounded import Bounded
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Dirs, TempFile, delete_file
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
@@ -32,9 +33,10 @@ class Server:
         self.chan = chan
         self.counter = 0
         #: listings remembered for delta replies: key -> (generation, rel -> row)
-        self.listings: dict[str, tuple[int, dict[str, list[Any]]]] = {}
+        self.listings: Bounded[str, tuple[int, dict[str, list[Any]]]] = Bounded(MAX_REMEMBERED)
         #: Trees kept current by inotify (``"watch": true``), with the generation sent last.
-        self.watched: dict[str, tuple[int, WatchedTree]] = {}
+        self.watched: Bounded[str, tuple[int, WatchedTree]] = Bounded(
+            MAX_REMEMBERED, lambda held: held[1].close())
         self.generation = 0
         self.cwd = os.getcwd()
         home = home_dir()
@@ -67,7 +69,7 @@ class Server:
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         key = json.dumps([root, req["names"], req["patterns"]])
-        remembered = self.listings.pop(key, None)
+        remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
             return
@@ -90,9 +92,7 @@ class Server:
                 # Remembered after the reply went out: a first listing is not delayed.
                 if rows is None:
                     rows = {row[0]: row for row in entries}
-                self.listings[key] = (self.generation, rows)
-                while len(self.listings) > MAX_REMEMBERED:  # oldest first (insertion order)
-                    del self.listings[next(iter(self.listings))]
+                self.listings.put(key, (self.generation, rows))
                 return
         self.chan.send_json(reply, b"Z")
 
@@ -103,7 +103,7 @@ class Server:
         The delta comes from the directories inotify reported, not from comparing whole
         listings; a quiet tree is answered without a walk.
         """
-        held = self.watched.pop(key, None)
+        held = self.watched.pop(key)
         tree = held[1] if held is not None else None
         if tree is None:
             matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
@@ -122,9 +122,7 @@ class Server:
         self.generation += 1
         reply["gen"] = self.generation
         self.chan.send_json(reply, b"Z")
-        self.watched[key] = (self.generation, tree)
-        while len(self.watched) > MAX_REMEMBERED:
-            self.watched.pop(next(iter(self.watched)))[1].close()
+        self.watched.put(key, (self.generation, tree))
         return True
 
     def op_fetch(self, req: dict[str, Any]) -> None:

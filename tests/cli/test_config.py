@@ -12,7 +12,6 @@ import pytest
 from synctree import skills_tree, snapshot, write
 
 from filesync.cli.main import main
-from filesync.mapping import Mapping, owning_mapping
 
 
 def run(*argv: str) -> tuple[int, Any, str]:
@@ -78,17 +77,6 @@ remote = ".hermes/skills"
     assert run("pull", "--config", str(cfg), "--state-dir", state, "--json")[0] == 0
     assert not (outer / "skills").exists()
     assert (inner / "pdf" / "SKILL.md").read_text() == "remote\n"
-
-
-def test_owning_mapping_is_the_longest_two_way_root() -> None:
-    maps = [Mapping("/h/a", ".hermes"), Mapping("/h/b", ".hermes/skills"),
-            Mapping("/h/c", ".hermes/skills/creds", mode="upload-only")]
-    assert owning_mapping(maps, ".hermes/skills/x/y") == maps[1]
-    assert owning_mapping(maps, ".hermes/skills/creds/k") == maps[1]
-    assert owning_mapping(maps, ".hermes/other") == maps[0]
-    assert owning_mapping(maps, ".hermesX/a") is None
-    with pytest.raises(ValueError, match="two-way"):
-        Mapping("/a", "b", mode="both")
 
 
 def test_fan_out_push_to_several_remotes(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from filesync.host import scan
 from filesync.sync.engine import Options, run_pass
 from filesync.transport.local import local_conduit
 from filesync.tree import watch
+from filesync.tree.bounded import Bounded
 from filesync.tree.ignore import Matcher
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree, local_filesystems_only
@@ -184,7 +185,7 @@ def test_running_out_of_watches_falls_back_to_walking(
         raise OSError(errno.ENOSPC, "inotify_add_watch failed")
 
     monkeypatch.setattr(watch._Inotify, "watch", no_more)
-    monkeypatch.setattr(scan, "_WATCHED", {})
+    monkeypatch.setattr(scan, "_WATCHED", Bounded(scan.MAX_WATCHED))
     first = scan.list_local(tmp_path, rule, watch=True)
     write(tmp_path / "c" / "late.txt", "after the failure\n")
     second = scan.list_local(tmp_path, rule, watch=True)
