@@ -26,7 +26,7 @@ from backends.home import (
     sandbox_bin_dir,
     sandbox_env,
 )
-from filesync.errors import FilesyncError
+from filesync import FilesyncError
 
 __all__ = [
     "RunResult",

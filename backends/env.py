@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from filesync.profile_snippet import profile_snippet
+from filesync import profile_snippet
 
 __all__ = [
     "SNAPSHOT_MARKER",

@@ -22,14 +22,20 @@ from types import TracebackType
 from backends._session import RunResult, ShellPlan
 from backends.env import ShellInit, parse_env0
 from backends.home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
-from filesync.core.exclude import ExcludeRule
-from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
-from filesync.errors import FilesyncError
-from filesync.host.state import default_state_dir
-from filesync.mapping import TWO_WAY, Mapping
-from filesync.sync.engine import Options, Report, run_pass
-from filesync.transport.base import Conduit, RemoteProcess
+from filesync import (
+    TWO_WAY,
+    Conduit,
+    Direction,
+    ExcludeRule,
+    FilesyncError,
+    Mapping,
+    Options,
+    RemoteProcess,
+    Report,
+    default_state_dir,
+    drop_session,
+    run_pass,
+)
 
 log = logging.getLogger("backends.ssh")
 
@@ -100,7 +106,8 @@ class SSHTerminal:
     # -- setup and teardown -----------------------------------------------------
 
     async def __aenter__(self) -> SSHTerminal:
-        from filesync.transport.ssh.conduit import SshTarget, connect
+        from filesync import SshTarget
+        from filesync import connect_ssh as connect
 
         self._conduit = await connect(
             SshTarget(self.host, self.user, self.port), ssh_config=self.ssh_config,

@@ -63,7 +63,7 @@ def safe_dir(path: Path) -> Path:
 
 def fingerprint() -> str:
     """Identifies the code a process runs, so a client never talks to an outdated agent."""
-    from filesync import __version__
+    from filesync.version import __version__
 
     pkg = Path(__file__).parent
     newest = max((p.stat().st_mtime_ns for p in pkg.rglob("*.py")), default=0)

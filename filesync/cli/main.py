@@ -206,7 +206,7 @@ def _fail(exc: FilesyncError, json_mode: bool) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "profile-snippet":
-        from filesync.profile_snippet import profile_snippet
+        from filesync.profile_d import profile_snippet
 
         try:
             sys.stdout.write(profile_snippet(args.dirs))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from filesync.profile_snippet import profile_snippet
+from filesync.profile_d import profile_snippet
 
 SHELLS = ("sh", "bash")
 
