@@ -261,8 +261,14 @@ async def test_missing_identity_files_in_config_are_skipped(
         f"IdentityFile {server.client_key}",
         f"UserKnownHostsFile {server.known_hosts}",
     )
-    conn = await connect(SshTarget("demo"), ssh_config=config)
-    await conn.close()
+    lines: list[str] = []
+    conn = await connect(SshTarget("demo"), ssh_config=config, verbose=lines.append)
+    try:
+        assert (await conn.run("echo in")).stdout == b"in\n"
+    finally:
+        await conn.close()
+    [offered] = [line for line in lines if "; keys: " in line]
+    assert offered.endswith(f"; keys: {server.client_key}")  # the missing one is not offered
 
 
 @pytest.fixture
@@ -292,7 +298,9 @@ async def _ssh_add(key: Path) -> None:
     assert proc.returncode == 0, err
 
 
-async def test_agent_key_is_used(server: InProcessServer, tmp_path: Path, agent: Path) -> None:
+async def test_agent_key_is_used(
+    server: InProcessServer, tmp_path: Path, agent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await _ssh_add(server.client_key)
     config = write_config(
         tmp_path / "config",
@@ -301,8 +309,18 @@ async def test_agent_key_is_used(server: InProcessServer, tmp_path: Path, agent:
         f"Port {server.port}",
         f"UserKnownHostsFile {server.known_hosts}",
     )
-    conn = await connect(SshTarget("demo"), ssh_config=config)
-    await conn.close()
+    lines: list[str] = []
+    conn = await connect(SshTarget("demo"), ssh_config=config, verbose=lines.append)
+    try:
+        assert (await conn.run("echo in")).stdout == b"in\n"
+    finally:
+        await conn.close()
+    assert any(line.endswith("; keys: none") for line in lines), lines  # no key file at all
+    # The agent is what logged in: without it, the same connect is refused.
+    monkeypatch.delenv("SSH_AUTH_SOCK")
+    with pytest.raises(TransportError) as err:
+        await connect(SshTarget("demo"), ssh_config=config)
+    assert "(tried: no keys found)" in one_line(err)
 
 
 async def test_identitiesonly_keeps_other_agent_keys_out(
@@ -401,9 +419,15 @@ async def test_unparsable_known_hosts_lines_are_skipped(
     server: InProcessServer, tmp_path: Path
 ) -> None:
     known = tmp_path / "known_hosts"
-    known.write_text("garbage\n@bogus-marker x y\n" + server.known_hosts.read_text())
+    # Bad lines before and after the server's entry: only they are skipped, not the file.
+    text = "garbage\n@bogus-marker x y\n" + server.known_hosts.read_text() + "trailing\n"
+    known.write_text(text)
     conn = await connect(SshTarget("demo"), ssh_config=server.ssh_config, known_hosts=known)
-    await conn.close()
+    try:
+        assert (await conn.run("echo in")).stdout == b"in\n"
+    finally:
+        await conn.close()
+    assert known.read_text() == text  # verified by the entry, nothing added or rewritten
 
 
 # ---------------------------------------------------------------- connection errors

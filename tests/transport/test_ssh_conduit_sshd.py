@@ -105,9 +105,14 @@ async def test_accept_new_host_key_stores_it(sshd: Any, tmp_path: Path) -> None:
         accept_new_host_key=True,
     )
     await conn.close()
-    assert store.read_text() == sshd.known_hosts.read_text()  # "ADDR ssh-ed25519 KEY"
+    stored = store.read_text()
+    assert stored == sshd.known_hosts.read_text()  # "ADDR ssh-ed25519 KEY"
     conn = await connect(SshTarget(sshd.alias), ssh_config=sshd.ssh_config, known_hosts=store)
-    await conn.close()
+    try:
+        assert (await conn.run("echo in")).stdout == b"in\n"
+    finally:
+        await conn.close()
+    assert store.read_text() == stored  # verified by the stored entry, not appended twice
 
 
 async def test_changed_host_key_is_refused(sshd: Any, tmp_path: Path) -> None:
