@@ -576,3 +576,11 @@ async def test_dev_null_as_ssh_config_means_no_config(tmp_path: Path) -> None:
             await conduit.close()
     finally:
         await server.close()
+
+
+def test_a_jump_port_of_non_ascii_digits_is_not_taken_for_a_port() -> None:
+    from filesync.transport.ssh.config import parse_jump
+
+    assert parse_jump("user@jump:2222") == ("user", "jump", 2222)
+    assert parse_jump("jump:²") == (None, "jump:²", None)  # int('²') raises
+    assert parse_jump("[::1]:٣") == (None, "::1", None)

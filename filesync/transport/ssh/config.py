@@ -58,6 +58,11 @@ def _expand(path: str) -> Path:
     return Path(path.replace("%d", str(Path.home())).replace("%u", getpass.getuser())).expanduser()
 
 
+def _is_port(text: str) -> bool:
+    # str.isdigit() also accepts '²' and other digits int() refuses.
+    return text.isascii() and text.isdigit()
+
+
 def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     """``[user@]host[:port]`` or ``ssh://[user@]host[:port]`` from a ProxyJump list."""
     spec = spec.strip().removeprefix("ssh://").rstrip("/")
@@ -65,11 +70,11 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     host, port = hostport, None
     if hostport.startswith("["):
         host, _, rest = hostport[1:].partition("]")
-        if rest.startswith(":") and rest[1:].isdigit():
+        if rest.startswith(":") and _is_port(rest[1:]):
             port = int(rest[1:])
     elif hostport.count(":") == 1:
         name, _, port_text = hostport.partition(":")
-        if port_text.isdigit():
+        if _is_port(port_text):
             host, port = name, int(port_text)
     return user or None, host, port
 
