@@ -35,8 +35,9 @@ class SessionConduits(Conduits):
 _DIRECTIONS = {"push": Direction.PUSH, "pull": Direction.PULL}
 
 
-def _options(req: Request, direction: Direction, local: Path, extra: tuple[str, ...] = (),
-             ) -> Options:
+def _options(req: Request, direction: Direction, local: Path,
+             extra: tuple[str, ...] = ()) -> Options:
+    """Engine options of one pass: the request's settings, its log and progress display."""
     out = req.output
     return req.settings.options(direction, local, extra=extra, log=out.log(),
                                 progress=tty_progress(not (out.json or out.quiet)))
