@@ -170,6 +170,8 @@ def protected_homes(
 
 
 # Behaviour-compatible crontab: same options and messages, one plain file as the table.
+# -e runs the editor as crontab does, through `sh -c "$EDITOR FILE"`: EDITOR is a shell
+# command line (quotes, arguments, assignments), not a word list.
 _CRONTAB_SHIM = """#!/bin/sh
 # crontab shim (filesync sandbox): the real crontab of the operator is never touched.
 tab=@TAB@
@@ -182,7 +184,7 @@ case ${1-} in
     -r) [ -f "$tab" ] || nocrontab; rm -f -- "$tab" ;;
     -e) tmp=$(mktemp) || exit 1
         if [ -f "$tab" ]; then cat -- "$tab" >"$tmp"; fi
-        ${VISUAL:-${EDITOR:-vi}} "$tmp" && store "$tmp"; rc=$?
+        sh -c "${VISUAL:-${EDITOR:-vi}}"' "$1"' sh "$tmp" && store "$tmp"; rc=$?
         rm -f -- "$tmp"; exit "$rc" ;;
     ''|-) store - ;;
     -*) echo "crontab: invalid option -- '${1#-}'" >&2

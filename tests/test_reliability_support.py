@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import filesync.cli.commands
+import filesync.transport.pool
 from filesync.cli.main import main
 from filesync.transport.base import Conduit, RemoteProcess
 
@@ -210,13 +210,13 @@ class CuttingConduit(Conduit):
 @contextlib.contextmanager
 def cutting(plan: CutPlan) -> Iterator[CutPlan]:
     """Make every CLI run in this block use a ``CuttingConduit`` driven by ``plan``."""
-    real = filesync.cli.commands.open_conduit
+    real = filesync.transport.pool.open_conduit
 
     async def wrapped(target: Any, opts: Any) -> Conduit:
         return CuttingConduit(await real(target, opts), plan)
 
-    filesync.cli.commands.open_conduit = wrapped  # type: ignore[assignment]
+    filesync.transport.pool.open_conduit = wrapped  # type: ignore[assignment]
     try:
         yield plan
     finally:
-        filesync.cli.commands.open_conduit = real
+        filesync.transport.pool.open_conduit = real

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from filesync.cli.agent_client import fingerprint, safe_dir
-from filesync.cli.commands import Conduits
 from filesync.cli.main import main_in_agent
 from filesync.endpoint.connect import drop_session
 from filesync.transport.base import Conduit
+from filesync.transport.pool import Conduits
 from filesync.transport.target import ConnectOptions, Target, open_conduit
 
 #: Environment variables that decide how a connection is made; part of the pool key.

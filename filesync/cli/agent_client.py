@@ -40,11 +40,18 @@ def socket_path() -> Path:
     return base / "agent.sock"
 
 
+class NotOurDir(FilesyncError):
+    """The agent dir belongs to another user: nothing this user can fix there (a chmod
+    needs the owner), so the client warns and runs the command itself."""
+
+
 def safe_dir(path: Path) -> Path:
     """Create ``path`` 0700, or check an existing one is ours and closed to others.
 
     The socket accepts commands that read and write the user's files, so its directory
-    must not be reachable by another user (the agent also checks each peer's uid).
+    must not be reachable by another user (the agent also checks each peer's uid). A
+    directory of another user (``/tmp/filesync-UID`` made first by someone else) is
+    ``NotOurDir``; one of ours that others may enter is a ``FilesyncError`` (chmod it).
     """
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -55,7 +62,11 @@ def safe_dir(path: Path) -> Path:
     if not os.path.isdir(path) or os.path.islink(path):
         raise FilesyncError(f"agent dir {path} is not a directory; remove it or set "
                             "FILESYNC_AGENT_SOCKET")
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if st.st_uid != os.getuid():
+        raise NotOurDir(f"agent dir {path} belongs to another user (uid {st.st_uid}), who "
+                        "may have made it to catch your commands; set XDG_RUNTIME_DIR or "
+                        "FILESYNC_AGENT_SOCKET to a private place")
+    if st.st_mode & 0o077:
         raise FilesyncError(f"agent dir {path} is open to other users (owner uid {st.st_uid}, "
                             f"mode {st.st_mode & 0o777:o}); chmod 700 it, or drop --persist")
     return path
@@ -74,10 +85,15 @@ def run_via_agent(argv: list[str], persist: float, verbose: bool) -> int | None:
     """Run ``filesync ARGV`` in the agent, starting it if needed; return its exit code.
 
     Returns None when no agent could be started, and the caller runs the command itself
-    (as ssh does when a ControlMaster cannot be set up).
+    (as ssh does when a ControlMaster cannot be set up); an agent dir of another user says
+    so in one warning line first, since no agent can be used until the user moves it.
     """
     path = socket_path()
-    safe_dir(path.parent)
+    try:
+        safe_dir(path.parent)
+    except NotOurDir as exc:
+        print(f"filesync: warning: {exc.message}; running without the agent", file=sys.stderr)
+        return None
     request = {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
                "umask": _umask(), "persist": persist, "fingerprint": fingerprint()}
     for _attempt in range(2):

@@ -1,90 +1,46 @@
-"""The subcommands behind the CLI: build options, open the conduit, run, print."""
+"""The subcommands behind the CLI: typed request in, conduits from the pool, passes run,
+results printed. Nothing here sees the parsed arguments (``filesync.cli.main`` turns them
+into a ``Request`` first)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filesync.cli.config import load_config
-from filesync.core.exclude import ExcludeRule
+from filesync.cli.settings import Request, local_root
 from filesync.core.reconcile import Action, Direction, Kind
 from filesync.endpoint.connect import drop_session
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
-from filesync.host.state import default_state_dir
 from filesync.mapping import UPLOAD_ONLY
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.sync.progress import tty_progress
 from filesync.transport.base import Conduit
-from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote
+from filesync.transport.pool import Conduits
+from filesync.transport.target import Target, via_error
 
 
-def _log(args: argparse.Namespace) -> Any:
-    if args.verbose and not args.quiet:
-        return lambda msg: print(f"filesync: {msg}", file=sys.stderr)
-    return None
+class SessionConduits(Conduits):
+    """The CLI's pool: a conduit per run; releasing it ends the helper session on it."""
 
-
-def _local_root(text: str) -> Path:
-    root = Path(text).expanduser()
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"LOCAL {text!r} is not a directory; give the directory to sync")
-    return root.resolve()
-
-
-def options_from(
-    args: argparse.Namespace, direction: Direction, local: Path, extra: Sequence[str] = ()
-) -> Options:
-    """Engine options from parsed arguments (``extra``: more exclude patterns)."""
-    try:
-        rule = ExcludeRule.build(
-            [*args.exclude, *extra], default_excludes=not args.no_default_excludes, root=local
-        )
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"bad --exclude pattern ({exc}); use gitignore syntax") from None
-    return Options(
-        direction=direction,
-        rule=rule,
-        state_dir=(args.state_dir.expanduser() if args.state_dir else default_state_dir()),
-        dry_run=args.dry_run or args.command == "status",
-        force=args.force,
-        lock_timeout=args.lock_timeout,
-        max_file_size=args.max_file_size,
-        max_pull_bytes=args.max_pull_bytes,
-        log=_log(args),
-        progress=tty_progress(not (args.json or args.quiet)),
-        watch=getattr(args, "watch", False),
-    )
-
-
-def connect_options(args: argparse.Namespace) -> ConnectOptions:
-    return ConnectOptions(
-        ssh_config=args.ssh_config,
-        identity=args.identity,
-        accept_new_host_key=args.accept_new_host_key,
-        log=_log(args),
-    )
-
-
-class Conduits:
-    """Where a command gets its conduits: the CLI opens one per remote and closes it after.
-
-    The persistent agent (``filesync.agent``) subclasses this to keep them open between
-    commands. ``acquire`` says whether the conduit was reused, so that a pass that finds a
-    reused connection dead can be retried once on a fresh one.
-    """
-
-    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
-        return await open_conduit(target, opts), False
-
-    async def release(self, conduit: Conduit, healthy: bool) -> None:
+    async def end(self, conduit: Conduit, healthy: bool) -> None:
         await drop_session(conduit, polite=healthy)
-        await conduit.close()
+
+
+_DIRECTIONS = {"push": Direction.PUSH, "pull": Direction.PULL}
+
+
+def _options(req: Request, direction: Direction, local: Path,
+             extra: tuple[str, ...] = ()) -> Options:
+    """Engine options of one pass: the request's settings, its log and progress display."""
+    out = req.output
+    return req.settings.options(direction, local, extra=extra, log=out.log(),
+                                progress=tty_progress(not (out.json or out.quiet)))
 
 
 @dataclass
@@ -95,47 +51,44 @@ class Job:
     passes: list[tuple[str, Path, str, Options]]  # (label, local root, remote path, opts)
 
 
-async def run_command(args: argparse.Namespace, conduits: Conduits | None = None) -> int:
+async def run_command(req: Request, conduits: Conduits | None = None) -> int:
     """Run push/pull/sync/status/resolve/undo, getting conduits from ``conduits``."""
-    pool = conduits or Conduits()
-    if args.config is not None:
-        return await _run_jobs(args, _config_jobs(args), pool)
-    if isinstance(args.remote, str):
-        args.remote = [args.remote]
-    if args.local is None or not args.remote:
-        raise UsageError("give LOCAL REMOTE (or --config FILE)")
-    local = _local_root(args.local)
-    if args.command == "undo":
-        return await _undo(args, local, parse_remote(args.remote[0], args.via), pool)
-    direction = {"push": Direction.PUSH, "pull": Direction.PULL}.get(args.command, Direction.SYNC)
-    jobs = []
-    for text in args.remote:
-        target = parse_remote(text, args.via)
-        opts = options_from(args, direction, local)
-        jobs.append(Job(target, [(target.label(), local, target.path, opts)]))
-    return await _run_jobs(args, jobs, pool)
+    pool = conduits or SessionConduits()
+    if req.config is not None:
+        return await _run_jobs(req, _config_jobs(req), pool)
+    assert req.local is not None and req.targets  # Request's contract without --config
+    if req.command == "undo":
+        return await _undo(req, req.local, req.targets[0], pool)
+    direction = _DIRECTIONS.get(req.command, Direction.SYNC)
+    jobs = [Job(t, [(t.label(), req.local, t.path, _options(req, direction, req.local))])
+            for t in req.targets]
+    return await _run_jobs(req, jobs, pool)
 
 
-async def _undo(args: argparse.Namespace, local: Path, target: Target, pool: Conduits) -> int:
+async def _undo(req: Request, local: Path, target: Target, pool: Conduits) -> int:
     from filesync.sync.undo import undo_last
 
-    opts = options_from(args, Direction.PULL, local)
-    conduit, _ = await pool.acquire(target, connect_options(args))
-    healthy = False
+    opts = _options(req, Direction.PULL, local)
     try:
-        restored = await undo_last(conduit, local, target.path, opts)
-        healthy = True
-    finally:
-        await pool.release(conduit, healthy)
-    _print_undo(args, restored)
+        conduit, _ = await pool.acquire(target, req.connect)
+        healthy = False
+        try:
+            restored = await undo_last(conduit, local, target.path, opts)
+            healthy = True
+        finally:
+            await pool.release(conduit, healthy)
+    except FilesyncError as exc:
+        raise via_error(target, exc) from exc.__cause__
+    _print_undo(req, restored)
     return 0
 
 
-def _config_jobs(args: argparse.Namespace) -> list[Job]:
-    config = load_config(args.config)
-    direction = {"push": Direction.PUSH, "pull": Direction.PULL}.get(args.command, Direction.SYNC)
-    if args.command not in ("push", "pull", "sync", "status"):
-        raise UsageError(f"--config works with push, pull, sync and status, not {args.command}")
+def _config_jobs(req: Request) -> list[Job]:
+    assert req.config is not None
+    if req.command not in ("push", "pull", "sync", "status"):
+        raise UsageError(f"--config works with push, pull, sync and status, not {req.command}")
+    config = load_config(req.config, via=req.via)
+    direction = _DIRECTIONS.get(req.command, Direction.SYNC)
     jobs = []
     for remote in config.remotes:
         passes = []
@@ -145,31 +98,30 @@ def _config_jobs(args: argparse.Namespace) -> list[Job]:
                 if direction is Direction.PULL:
                     continue  # upload-only: never written back
                 mine = Direction.PUSH
-            local = _local_root(spec.mapping.local)
+            local = local_root(spec.mapping.local)
             target = config.target(remote, spec)
-            opts = options_from(args, mine, local,
-                                [*spec.exclude, *config.nested_excludes(spec)])
-            passes.append((f"{target.label()}", local, target.path, opts))
+            opts = _options(req, mine, local, (*spec.exclude, *config.nested_excludes(spec)))
+            passes.append((target.label(), local, target.path, opts))
         jobs.append(Job(config.target(remote, config.mappings[0]), passes))
     return jobs
 
 
-async def _run_jobs(args: argparse.Namespace, jobs: list[Job], pool: Conduits) -> int:
-    plan_filter = _resolve_filter(args) if args.command == "resolve" else None
-    copts = connect_options(args)
+async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
+    plan_filter = _resolve_filter(req) if req.command == "resolve" else None
+    copts, timeout = req.connect, req.settings.timeout
 
     async def one(job: Job) -> list[tuple[str, Report | FilesyncError]]:
         out: list[tuple[str, Report | FilesyncError]] = []
         try:
             conduit, reused = await pool.acquire(job.target, copts)
         except FilesyncError as exc:
-            return [(label, exc) for label, *_ in job.passes]
+            return [(label, via_error(job.target, exc)) for label, *_ in job.passes]
         try:
             for label, local, path, opts in job.passes:
                 try:
                     try:
                         run = run_pass(conduit, local, path, opts, plan_filter)
-                        out.append((label, await _deadline(run, args.timeout)))
+                        out.append((label, await _deadline(run, timeout)))
                     except ConnectionLost:
                         if not reused:
                             raise
@@ -178,7 +130,7 @@ async def _run_jobs(args: argparse.Namespace, jobs: list[Job], pool: Conduits) -
                         await pool.release(conduit, False)
                         conduit, reused = await pool.acquire(job.target, copts)
                         run = run_pass(conduit, local, path, opts, plan_filter)
-                        out.append((label, await _deadline(run, args.timeout)))
+                        out.append((label, await _deadline(run, timeout)))
                 except FilesyncError as exc:
                     out.append((label, exc))
                 reused = False
@@ -186,16 +138,17 @@ async def _run_jobs(args: argparse.Namespace, jobs: list[Job], pool: Conduits) -
             await pool.release(conduit, False)
             raise
         await pool.release(conduit, not any(isinstance(r, ConnectionLost) for _, r in out))
-        return out
+        return [(label, via_error(job.target, r) if isinstance(r, FilesyncError) else r)
+                for label, r in out]
 
     results = [r for rs in await asyncio.gather(*(one(j) for j in jobs)) for r in rs]
     if len(results) == 1:
         _label, result = results[0]
         if isinstance(result, FilesyncError):
             raise result
-        _print_report(args, result)
+        _print_report(req, result)
         return 0
-    return _print_many(args, results)
+    return _print_many(req, results)
 
 
 async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
@@ -211,7 +164,7 @@ async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
         ) from None
 
 
-def _print_many(args: argparse.Namespace, results: list[tuple[str, Report | FilesyncError]]) -> int:
+def _print_many(req: Request, results: list[tuple[str, Report | FilesyncError]]) -> int:
     """Several pairs: one JSON object with per-pair entries and summed counters."""
     code = 0
     rows: list[dict[str, Any]] = []
@@ -223,10 +176,10 @@ def _print_many(args: argparse.Namespace, results: list[tuple[str, Report | File
             print(f"filesync: error: {label}: {result.message}", file=sys.stderr)
         else:
             rows.append({"remote": label, **result.to_json()})
-            if not args.json:
+            if not req.output.json:
                 print(f"[{label}] ", end="")
-                _print_report(args, result)
-    if args.json:
+                _print_report(req, result)
+    if req.output.json:
         total: dict[str, Any] = {k: sum(r.get(k, 0) for r in rows) for k in _COUNTS}
         total["remotes"] = rows
         print(json.dumps(total))
@@ -237,9 +190,9 @@ _COUNTS = ("uploaded", "downloaded", "deleted_local", "deleted_remote", "exclude
            "bytes_sent", "bytes_received")
 
 
-def _resolve_filter(args: argparse.Namespace) -> Any:
+def _resolve_filter(req: Request) -> Any:
     """Turn the plan into the one step that settles PATH in favour of --keep."""
-    path = args.path.strip("/")
+    path, keep = req.path, req.keep
 
     def only(plan: list[Action]) -> list[Action]:
         match = [a for a in plan if a.path == path]
@@ -247,20 +200,20 @@ def _resolve_filter(args: argparse.Namespace) -> Any:
             raise FilesyncError(
                 f"{path!r} is not in conflict; run 'filesync status LOCAL REMOTE' to list conflicts"
             )
-        return [Action(path, Kind.UPLOAD if args.keep == "local" else Kind.DOWNLOAD)]
+        return [Action(path, Kind.UPLOAD if keep == "local" else Kind.DOWNLOAD)]
 
     return only
 
 
-def _print_report(args: argparse.Namespace, report: Report) -> None:
-    if args.json:
+def _print_report(req: Request, report: Report) -> None:
+    if req.output.json:
         out = report.to_json()
-        if args.command == "status" or args.dry_run:
+        if req.plan_only:
             out["plan"] = [_plan_row(a) for a in report.plan]
             out["open_conflicts"] = [c.path for c in report.open_conflicts]
         print(json.dumps(out))
         return
-    if args.command == "status" or args.dry_run:
+    if req.plan_only:
         for a in report.plan:
             print(f"{_plan_row(a)['action']:<28} {a.path}")
         for c in report.open_conflicts:
@@ -268,15 +221,15 @@ def _print_report(args: argparse.Namespace, report: Report) -> None:
         if not report.plan and not report.open_conflicts:
             print("in sync")
         return
-    if args.quiet:
+    if req.output.quiet:
         return
     for conflict in report.conflicts:
         print(f"conflict: {conflict['path']} (remote version saved to {conflict['saved_to']})")
-    if args.verbose:
+    if req.output.verbose:
         for s in report.skipped:
             print(f"skipped: {_shown(s.path)}: {_shown(s.reason)}")
     print(
-        f"{args.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
+        f"{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
         f"{report.deleted_remote} deleted remote, {report.deleted_local} deleted local, "
         f"{len(report.conflicts)} conflicts, {len(report.skipped)} skipped, "
         f"{report.excluded} excluded ({report.seconds:.2f} s)"
@@ -294,10 +247,10 @@ def _plan_row(a: Action) -> dict[str, str]:
     return {"path": a.path, "action": action}
 
 
-def _print_undo(args: argparse.Namespace, restored: list[str]) -> None:
-    if args.json:
+def _print_undo(req: Request, restored: list[str]) -> None:
+    if req.output.json:
         print(json.dumps({"restored": restored}))
-    elif not args.quiet:
+    elif not req.output.quiet:
         for path in restored:
             print(f"restored: {path}")
         print(f"undo: {len(restored)} files restored")

@@ -1,30 +1,35 @@
 """``filesync.toml``: several remotes and several mappings, synced over one connection each.
 
-Example::
+The format (every key, its type and default) is documented in docs/config.md. Example::
 
     remotes = ["devbox:", "ssh://ci@build:2222/"]   # REMOTE forms; the path part is a base
     # via = "docker exec -i web"                     # instead of SSH, a command transport
 
     [[mapping]]
-    local = "~/.hermes/skills"
+    local = "~/.hermes/skills"        # relative: to this file's directory
     remote = ".hermes/skills"         # relative to the remote home (or the base path)
     mode = "two-way"                  # or "upload-only": pushed, never written back
     exclude = ["*.bak"]
 
-A remote file belongs to the mapping with the longest remote root that contains it:
-an outer mapping's pass excludes the roots of the mappings nested inside it.
+Guarantees: a file that is not exactly this format is refused as a whole, with one line
+naming the file and the key (an unknown key is refused too: a typo such as ``excludes``
+would otherwise sync what it meant to exclude). Relative host paths (``local``, and a
+REMOTE that is a local path) are relative to the file's directory, never to the working
+directory. A remote file belongs to the mapping with the longest remote root that
+contains it: an outer mapping's pass excludes the roots of the mappings nested inside it.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from filesync.errors import UsageError
-from filesync.mapping import Mapping
-from filesync.transport.target import Target, parse_remote
+from filesync.mapping import TWO_WAY, Mapping
+from filesync.transport.target import Target, parse_remote, via_argv
 
 
 @dataclass(frozen=True)
@@ -60,29 +65,85 @@ class Config:
         return out
 
 
-def load_config(path: Path) -> Config:
-    """Read and check a config file; raise ``UsageError`` naming what to fix."""
+_TOP_KEYS = ("remotes", "remote", "via", "mapping")
+_MAPPING_KEYS = ("local", "remote", "mode", "exclude")
+
+
+def load_config(path: Path, via: str | None = None) -> Config:
+    """Read and check a config file; raise ``UsageError`` naming the file and the key to fix.
+
+    ``via`` (the command line's ``--via``) overrides the file's ``via``.
+    """
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist; check the --config path") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path} ({exc.strerror}); "
+                         "check the --config path") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 (byte {exc.start}); "
+                         "save it as UTF-8") from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config file {path} is not valid TOML ({exc}); fix it") from None
-    remotes = raw.get("remotes") or ([raw["remote"]] if "remote" in raw else [])
+    _known(path, "", raw, _TOP_KEYS)
+    if "remotes" in raw and "remote" in raw:
+        raise UsageError(f"{path}: set remotes or remote, not both")
+    remotes = raw["remotes"] if "remotes" in raw else ([raw["remote"]] if "remote" in raw else [])
     if not isinstance(remotes, list) or not remotes or not all(isinstance(r, str) for r in remotes):
-        raise UsageError(f"{path}: set remotes = [\"host:\", ...] (at least one REMOTE)")
-    config = Config([str(r) for r in remotes], via=raw.get("via"))
-    for i, entry in enumerate(raw.get("mapping", [])):
+        raise UsageError(f"{path}: set remotes = [\"host:\", ...] (at least one REMOTE string)")
+    file_via = raw.get("via")
+    if file_via is not None and not isinstance(file_via, str):
+        raise UsageError(f"{path}: via must be a string such as \"docker exec -i NAME\", "
+                         f"not {file_via!r}")
+    if file_via is not None and via is None:
         try:
-            mapping = Mapping(str(entry["local"]), str(entry["remote"]),
-                              str(entry.get("mode", "two-way")))
-        except KeyError as exc:
-            raise UsageError(
-                f"{path}: mapping {i + 1} lacks {exc}; set local and remote"
-            ) from None
+            via_argv(file_via)  # an unusable via is refused before any pass
+        except UsageError as exc:
+            raise UsageError(f"{path}: via: {exc.message}") from None
+    base = path.parent.absolute()
+    via = file_via if via is None else via
+    # With via every REMOTE is a path on the far side; without, a local one is ours.
+    config = Config([r if via is not None else _remote(r, base) for r in remotes], via=via)
+    tables = raw.get("mapping", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise UsageError(f"{path}: mapping must be [[mapping]] tables, not {tables!r}")
+    for i, entry in enumerate(tables):
+        where = f"mapping {i + 1}"
+        _known(path, where + ": ", entry, _MAPPING_KEYS)
+        for key in ("local", "remote"):
+            if key not in entry:
+                raise UsageError(f"{path}: {where} lacks {key!r}; set local and remote")
+        for key in ("local", "remote", "mode"):
+            if key in entry and not isinstance(entry[key], str):
+                raise UsageError(f"{path}: {where}: {key} must be a string, "
+                                 f"not {entry[key]!r}")
+        exclude = entry.get("exclude", [])
+        if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+            raise UsageError(f"{path}: {where}: exclude must be a list of pattern strings, "
+                             f"not {exclude!r}")
+        local = os.path.join(base, os.path.expanduser(entry["local"]))
+        try:
+            mapping = Mapping(local, entry["remote"], entry.get("mode", TWO_WAY))
         except ValueError as exc:
-            raise UsageError(f"{path}: mapping {i + 1}: {exc}") from None
-        config.mappings.append(MappingSpec(mapping, tuple(entry.get("exclude", []))))
+            raise UsageError(f"{path}: {where}: {exc}") from None
+        config.mappings.append(MappingSpec(mapping, tuple(exclude)))
     if not config.mappings:
         raise UsageError(f"{path}: no [[mapping]] tables; add at least one")
     return config
+
+
+def _known(path: Path, where: str, table: dict[str, object], keys: tuple[str, ...]) -> None:
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise UsageError(f"{path}: {where}unknown key {unknown[0]!r}; the keys are "
+                         f"{', '.join(keys)} (see docs/config.md)")
+
+
+def _remote(text: str, base: Path) -> str:
+    """A REMOTE of the file; a relative local path is made relative to the file's dir."""
+    if text and parse_remote(text).kind == "local" and not text.startswith("file://"):
+        return os.path.join(base, os.path.expanduser(text))
+    return text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from filesync.errors import FilesyncError, UsageError
 
 if TYPE_CHECKING:
-    from filesync.cli.commands import Conduits
+    from filesync.cli.settings import Request
+    from filesync.transport.pool import Conduits
+    from filesync.transport.target import Target
 
 #: Commands that may run through the persistent agent (``--persist``).
 AGENT_COMMANDS = frozenset({"push", "pull", "sync", "status", "resolve", "undo"})
@@ -26,12 +29,17 @@ UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def _size(text: str) -> int:
+    """A size above 0 bytes: ``512``, ``64K``, ``512M``, ``2G``, ``1.5GiB``."""
     value = text.strip().lower().removesuffix("b").removesuffix("i")
     unit = value[-1] if value and value[-1] in UNITS else ""
     try:
-        return int(float(value[: len(value) - len(unit)]) * UNITS[unit])
+        number = float(value[: len(value) - len(unit)]) * UNITS[unit]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 2G") from None
+        number = math.nan
+    if not (math.isfinite(number) and number >= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size above 0 such as 512M or 2G")
+    return int(number)
 
 
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -44,8 +52,20 @@ def _duration(text: str) -> float:
         seconds = float(value[: len(value) - len(unit)]) * _SECONDS[unit]
     except ValueError:
         seconds = -1.0
-    if seconds < 0:
+    if not (math.isfinite(seconds) and seconds >= 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90, 10m or 1h")
+    return seconds
+
+
+def _seconds(text: str) -> float:
+    """A timeout: seconds >= 0, where 0 keeps the documented meaning (none / no wait)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds >= 0 (0: no limit)")
     return seconds
 
 
@@ -84,12 +104,14 @@ def _common(
                    help="store an unknown host key (a changed key is always refused)")
     p.add_argument("--via", metavar="CMD",
                    help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
-    p.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
-                   help="wait this long for another run on the same pair")
-    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--lock-timeout", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="wait this long for another run on the same pair (0: fail at once)")
+    p.add_argument("--timeout", type=_seconds, default=0.0, metavar="SECONDS",
                    help="overall deadline of a run (0: none); a late run stops cleanly")
-    p.add_argument("--max-file-size", type=_size, default=1 << 30, metavar="SIZE")
-    p.add_argument("--max-pull-bytes", type=_size, default=2 << 30, metavar="SIZE")
+    p.add_argument("--max-file-size", type=_size, default="1G", metavar="SIZE",
+                   help="a pull skips (and reports) bigger files (default 1G)")
+    p.add_argument("--max-pull-bytes", type=_size, default="2G", metavar="SIZE",
+                   help="a pull that would fetch more stops before it starts (default 2G)")
     p.add_argument("--persist", type=_duration, metavar="DURATION",
                    default=os.environ.get("FILESYNC_PERSIST") or None,
                    help="run through a background agent that keeps connections open for"
@@ -161,9 +183,8 @@ async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:
     from filesync.cli.commands import run_command
 
     try:
-        args = parse(args_list)
-        args.watch = True  # the agent outlives the run: its trees stay watched between runs
-        return await run_command(args, conduits)
+        # The agent outlives the run: its trees stay watched between runs.
+        return await run_command(request_from(parse(args_list), watch=True), conduits)
     except BaseException as exc:
         return handle_failure(exc, "--json" in args_list)
 
@@ -221,7 +242,56 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     from filesync.cli.commands import run_command
 
-    return asyncio.run(run_command(args))
+    return asyncio.run(run_command(request_from(args)))
+
+
+def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
+    """The one place parsed arguments become typed values; nothing past it sees ``args``."""
+    from filesync.cli.settings import Output, PassSettings, Request, local_root
+    from filesync.transport.target import ConnectOptions, parse_remote, via_argv
+
+    output = Output(json=args.json, quiet=args.quiet, verbose=args.verbose)
+    settings = PassSettings(
+        state_dir=_absolute(args.state_dir),
+        exclude=tuple(args.exclude),
+        default_excludes=not args.no_default_excludes,
+        dry_run=args.dry_run or args.command == "status",
+        force=args.force,
+        lock_timeout=args.lock_timeout,
+        timeout=args.timeout,
+        max_file_size=args.max_file_size,
+        max_pull_bytes=args.max_pull_bytes,
+        watch=watch,
+    )
+    connect = ConnectOptions(
+        ssh_config=_absolute(args.ssh_config),
+        identity=_absolute(args.identity),
+        accept_new_host_key=args.accept_new_host_key,
+        log=output.log(),
+    )
+    remotes = [args.remote] if isinstance(args.remote, str) else list(args.remote or [])
+    config, local = _absolute(args.config), None
+    targets: tuple[Target, ...] = ()
+    if config is not None:
+        if args.local is not None or remotes:
+            raise UsageError("give LOCAL REMOTE or --config FILE, not both")
+        if args.via is not None:
+            via_argv(args.via)  # a bad --via is a usage error before the file is read
+    elif args.local is None or not remotes:
+        raise UsageError("give LOCAL REMOTE (or --config FILE)")
+    else:
+        local = local_root(args.local)
+        targets = tuple(parse_remote(text, args.via) for text in remotes)
+    return Request(
+        command=args.command, settings=settings, connect=connect, output=output,
+        local=local, targets=targets, config=config, via=args.via,
+        path=getattr(args, "path", "").strip("/"), keep=getattr(args, "keep", None) or "",
+    )
+
+
+def _absolute(path: Path | None) -> Path | None:
+    # Absolute once, here: the agent runs in another working directory between runs.
+    return path.expanduser().absolute() if path is not None else None
 
 
 if __name__ == "__main__":  # pragma: no cover

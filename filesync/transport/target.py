@@ -10,15 +10,16 @@ Forms:
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from filesync.errors import UsageError
+from filesync.errors import FilesyncError, TransportError, UsageError
 from filesync.transport.base import Conduit
 
 _SCP = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^@/:\[\]]+):(?P<path>.*)$")
@@ -48,7 +49,8 @@ def parse_remote(text: str, via: str | None = None) -> Target:
     """Parse a REMOTE argument; raise ``UsageError`` naming the accepted forms."""
     if not text:
         raise UsageError("REMOTE is empty; give [user@]host:path, ssh://host/path or a path")
-    if via:
+    if via is not None:
+        via_argv(via)  # a command line that cannot run is bad input, found before any pass
         return Target("via", text, via=via)
     if text.startswith("file://"):
         return Target("local", os.path.abspath(unquote(urlsplit(text).path)))
@@ -75,15 +77,47 @@ def _parse_url(text: str) -> Target:
     return Target("ssh", path, url.hostname, url.username, port)
 
 
-@dataclass
+def via_argv(via: str) -> list[str]:
+    """The argv of a ``--via`` command line; ``UsageError`` if it is empty or unparsable."""
+    try:
+        argv = shlex.split(via)
+    except ValueError as exc:
+        raise UsageError(f"--via {via!r} is not a command line ({exc}); quote it as for sh, "
+                         "e.g. --via 'docker exec -i NAME'") from None
+    if not argv:
+        raise UsageError("--via needs a command, such as --via 'docker exec -i NAME'")
+    return argv
+
+
+def via_error(target: Target, exc: FilesyncError) -> FilesyncError:
+    """``exc`` naming the ``--via`` command it came through, if it is a transport failure
+    of a ``via`` target: "the remote helper did not start" alone does not say that the
+    shell at fault is the one ``--via`` reached."""
+    if target.kind != "via" or not isinstance(exc, TransportError):
+        return exc
+    named = copy.copy(exc)  # same class and attributes (a partial report, say)
+    named.message = f"through --via {target.via!r}: {exc.message}"
+    named.args = (named.message,)
+    return named
+
+
+@dataclass(frozen=True)
 class ConnectOptions:
-    """Connection settings from the command line."""
+    """How a conduit is opened; equal options reach a remote the same way (a pool key).
+
+    Paths are used as given: the caller makes them absolute if the working directory may
+    change before the connection is made (the CLI does). ``log`` is not part of equality.
+    """
 
     ssh_config: Path | None = None
     identity: Path | None = None
     accept_new_host_key: bool = False
     connect_timeout: float = 15.0
-    log: Callable[[str], None] | None = None
+    log: Callable[[str], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be positive, not {self.connect_timeout!r}")
 
 
 async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
@@ -93,10 +127,7 @@ async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
     if target.kind == "local":
         return local_conduit()
     if target.kind == "via":
-        argv = shlex.split(target.via)
-        if not argv:
-            raise UsageError("--via needs a command, such as --via 'docker exec -i NAME'")
-        return CommandConduit(argv, f"via:{target.via}")
+        return CommandConduit(via_argv(target.via), f"via:{target.via}")
     from filesync.transport.ssh import conduit as ssh
 
     return await ssh.connect(

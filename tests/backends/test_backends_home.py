@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -274,6 +275,22 @@ def test_shim_edit_runs_editor_on_a_copy_and_stores_it(
     cron(env, "-", stdin="0 2 * * * /old\n")
     assert cron({**env, "EDITOR": str(editor)}, "-e").returncode == 0
     assert (run_dir / "crontab").read_text() == "0 2 * * * /old\n0 3 * * * /new\n"
+
+
+def test_shim_edit_runs_editor_as_a_shell_command_line_like_crontab(
+    crontab: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """crontab runs ``sh -c "$EDITOR FILE"``: quotes, arguments and assignments work."""
+    run_dir, env = crontab
+    editor = tmp_path / "my editor" / "ed"
+    editor.parent.mkdir()
+    editor.write_text('#!/bin/sh\necho "0 4 * * * $MARK $1" >> "$2"\n')
+    editor.chmod(0o755)
+    cron(env, "-", stdin="0 2 * * * /old\n")
+    line = f"MARK=/job {shlex.quote(str(editor))} --flag"
+    done = cron({**env, "EDITOR": line}, "-e")
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "crontab").read_text() == "0 2 * * * /old\n0 4 * * * /job --flag\n"
 
 
 def test_shim_edit_prefers_visual_and_keeps_table_when_editor_fails(

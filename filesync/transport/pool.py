@@ -1,0 +1,33 @@
+"""Where passes get their conduits: a pool keyed by the target and the connect options.
+
+``Conduits`` opens one conduit per ``acquire`` and closes it on ``release``; the persistent
+agent subclasses it to keep conduits open between commands, keyed by ``Target`` (less its
+path) and ``ConnectOptions``, both frozen values. ``acquire`` says whether the conduit was
+reused, so that a pass that finds a reused connection dead can be retried once on a fresh
+one (a pass that failed on a dead connection changed nothing).
+
+The pool knows nothing of what runs on a conduit: a layer above that started something
+there (the endpoint's helper session) ends it in ``end``, which ``release`` calls before
+closing.
+"""
+
+from __future__ import annotations
+
+from filesync.transport.base import Conduit
+from filesync.transport.target import ConnectOptions, Target, open_conduit
+
+
+class Conduits:
+    """Opens a conduit per ``acquire``; ``release`` ends what runs on it and closes it."""
+
+    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
+        """A conduit to ``target`` and whether it was reused (never, here)."""
+        return await open_conduit(target, opts), False
+
+    async def release(self, conduit: Conduit, healthy: bool) -> None:
+        """Done with ``conduit``; ``healthy``: its last use ended well, so end it politely."""
+        await self.end(conduit, healthy)
+        await conduit.close()
+
+    async def end(self, conduit: Conduit, healthy: bool) -> None:
+        """Hook run before a conduit is closed; nothing runs on a bare conduit."""
