@@ -18,7 +18,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from sshd import MAX_INDEX, SshdContainer, sshd_available  # noqa: E402
+from sshd import MAX_INDEX, IndexInUse, SshdContainer, sshd_available  # noqa: E402
 
 #: Index of the session-wide container; sshd_factory hands out the others.
 SESSION_SSHD_INDEX = 0
@@ -34,6 +34,24 @@ def _require_sshd() -> None:
     pytest.skip(f"sshd container unavailable: {reason}")
 
 
+def _start_free(factory: pytest.TempPathFactory, name: str, index: int) -> SshdContainer:
+    """A started container at ``index``, or at the next index no live container holds.
+
+    Indexes are machine-wide; another suite running at the same time (a second checkout)
+    may hold the one asked for. Tests use the container's own address and alias, never the
+    index, so which one they get does not matter.
+    """
+    for offset in range(MAX_INDEX + 1):
+        candidate = (index + offset) % (MAX_INDEX + 1)
+        container = SshdContainer(factory.mktemp(name), index=candidate)
+        try:
+            container.start()
+        except IndexInUse:
+            continue
+        return container
+    raise RuntimeError(f"every sshd container index 0..{MAX_INDEX} is in use")
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdContainer]:
     """One started container (index 0) shared by the whole session; stopped at the end.
@@ -42,8 +60,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdContainer]:
     or use ``sshd_factory`` for a private container.
     """
     _require_sshd()
-    container = SshdContainer(tmp_path_factory.mktemp("sshd"), index=SESSION_SSHD_INDEX)
-    container.start()
+    container = _start_free(tmp_path_factory, "sshd", SESSION_SSHD_INDEX)
     try:
         yield container
     finally:
@@ -61,8 +78,7 @@ def sshd_factory(
     def make(index: int) -> SshdContainer:
         if not 1 <= index <= MAX_INDEX:
             raise ValueError(f"sshd_factory index must be 1..{MAX_INDEX} (0 is the session's)")
-        container = SshdContainer(tmp_path_factory.mktemp(f"sshd{index}-"), index=index)
-        container.start()
+        container = _start_free(tmp_path_factory, f"sshd{index}-", index)
         started.append(container)
         return container
 

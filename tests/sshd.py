@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["MAX_INDEX", "SshdContainer", "sshd_available"]
+__all__ = ["MAX_INDEX", "IndexInUse", "SshdContainer", "sshd_available"]
 
 #: Highest container index; each index owns veth ``fsv<index>h``/``fsv<index>r`` and the
 #: subnet ``10.203.<index>.0/24``.
@@ -220,6 +220,10 @@ def _stop_all() -> None:
 # --------------------------------------------------------------------------------------------
 # The container
 # --------------------------------------------------------------------------------------------
+
+
+class IndexInUse(RuntimeError):
+    """The container index is held by another live container (this or another process)."""
 
 
 class SshdContainer:
@@ -481,7 +485,7 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
         except OSError as exc:
             lock.close()
             if exc.errno == errno.EADDRINUSE:
-                raise RuntimeError(
+                raise IndexInUse(
                     f"sshd container index {self.index} is in use by another live container "
                     "(this or another process); pick another index"
                 ) from exc
