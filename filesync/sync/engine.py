@@ -84,6 +84,7 @@ async def run_pass(
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out."""
     started = time.monotonic()
+    planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The first listing rides behind the helper's source: no round trip is waited for.
     session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch)
@@ -127,6 +128,7 @@ async def _pass(
     opts = inputs.opts
     scans = await planning.scan(inputs)
     report.excluded = scans.excluded
+    planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),
                 len(scans.remote.files()), str(inputs.local_root), inputs.remote_root,
                 opts.force)

@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from itertools import filterfalse
+from pathlib import Path
 
 from filesync.core.model import Entry, Skipped
 from filesync.core.reconcile import Direction, Kind, Version, reconcile
-from filesync.errors import SafetyRefusal
+from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.journal import recover
 from filesync.host.scan import (
     RACY_NS,
@@ -43,6 +44,27 @@ class RemoteVersions:
     same: Set[str]
     fetch: list[Entry]
     skipped: tuple[Skipped, ...]
+
+
+def require_local_source(direction: Direction, local_root: Path) -> None:
+    """A push or sync reads the host tree: a root that does not exist is a mistake (a
+    typo, an unmounted disk), never an empty tree to sync. A pull creates it."""
+    if direction is not Direction.PULL and not local_root.exists():
+        raise FilesyncError(
+            f"local root {local_root} does not exist, so there is nothing to "
+            f"{direction.value}; check the path (or create the directory, or pull into it)"
+        )
+
+
+def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
+    """A first pull from a remote root that does not exist is a mistake (a typo), not an
+    empty tree. Once the pair has state, the root guard speaks instead (exit 3)."""
+    if inputs.opts.direction is Direction.PULL and not scans.remote.exists \
+            and not scans.ancestors:
+        raise FilesyncError(
+            f"remote root {inputs.remote_root} does not exist, so there is nothing to pull; "
+            "check the remote path (push creates it)"
+        )
 
 
 async def scan(inputs: PassInputs) -> Scans:
@@ -236,4 +258,5 @@ def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) 
     return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
 
 
-__all__ = ["RemoteVersions", "fetch", "plan", "remote_versions", "scan"]
+__all__ = ["RemoteVersions", "fetch", "plan", "remote_versions", "require_local_source",
+           "require_remote_source", "scan"]

@@ -153,6 +153,7 @@ def play(
 ) -> list[Any]:
     """First pass (sync), edits, ``direction``; racy rewrites, ``direction`` again (warm)."""
     local, remote, state = base / "local", base / "remote", base / "state"
+    local.mkdir()  # a sync from a missing local root is an error, an empty one is a tree
     for i, (rel, mode) in enumerate(sorted(files.items())):
         put(local / rel, f"{rel} {i}".encode(), mode, OLD_NS + i * 10**9)
     with monkeypatch.context() as m:
