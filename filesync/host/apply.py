@@ -4,7 +4,8 @@
 - a write renames the staged file into place, only if the target still has the
   size and mtime the scan saw (else it becomes a conflict, and nothing is lost);
 - a delete unlinks only a target that is unchanged since the scan;
-- before either, the old file is kept (hard-linked, or copied) in the undo dir.
+- before either, the old file is kept (hard-linked, or copied with its permission
+  bits) in the undo dir.
 The intent journal that orders these ops, and the recovery that replays it after a
 crash, are ``filesync.host.journal``.
 """
@@ -165,10 +166,15 @@ class HostTree:
             tmp = dest.with_name(dest.name + ".filesync-partial")
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
-                with os.fdopen(fd, "rb") as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                    dst.flush()
-                    os.fsync(dst.fileno())
+                with os.fdopen(fd, "rb") as src:
+                    # Created 0600, then given the file's own bits: a private file is never
+                    # readable by others, not even while it is copied.
+                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(out, "wb") as dst:
+                        os.fchmod(out, stat.S_IMODE(os.fstat(fd).st_mode) & 0o777)
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                        dst.flush()
+                        os.fsync(out)
                 os.replace(tmp, dest)
             except BaseException:
                 with contextlib.suppress(OSError):

@@ -116,10 +116,13 @@ def _save_conflicts(
 
 
 def save_copy(inputs: PassInputs, rel: str) -> Path:
-    """Copy the staged remote version of ``rel`` into this run's ``conflicts/`` dir."""
+    """Copy the staged remote version of ``rel`` into this run's ``conflicts/`` dir, with
+    the file's own permission bits (a 0600 file is not made readable by others)."""
+    staged = inputs.sink.staged[rel]
     dest = inputs.state.conflicts_dir / inputs.run_id / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(inputs.sink.staged[rel].path, dest)
+    shutil.copyfile(staged.path, dest)  # the staged file is 0600: so is the copy, at first
+    os.chmod(dest, staged.mode & 0o777)
     return dest.resolve()
 
 
