@@ -20,9 +20,6 @@ from filesync.host.journal import recover
 from filesync.host.scan import hash_file
 from filesync.host.state import Ancestor, PairState
 
-#: How many pulls keep their undo copies.
-UNDO_KEEP = 5
-
 
 def undo_in(state: PairState, local_root: Path) -> list[str]:
     """Undo the last pull recorded in ``state``; returns the restored paths."""
@@ -44,13 +41,6 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
     _restore_ancestors(state, manifest["previous"], set(restored))
     shutil.rmtree(run, ignore_errors=True)
     return restored
-
-
-def prune_undo(undo_dir: Path) -> None:
-    """Keep the undo copies of the last ``UNDO_KEEP`` pulls only."""
-    runs = sorted(d for d in undo_dir.iterdir() if d.is_dir()) if undo_dir.exists() else []
-    for old in runs[:-UNDO_KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _latest(state: PairState) -> Path:

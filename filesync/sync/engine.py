@@ -24,6 +24,7 @@ from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
 from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import FilesyncError
+from filesync.host.retention import Pruned, prune_runs, run_of
 from filesync.host.state import ConflictRecord, PairState
 from filesync.sync import plan as planning
 from filesync.sync.inputs import Options, PassInputs
@@ -49,6 +50,8 @@ class Report:
     plan: list[Action] = field(default_factory=list)
     open_conflicts: list[ConflictRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: run dirs of ``conflicts/`` and ``undo/`` dropped by retention this pass
+    pruned: list[Pruned] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +146,26 @@ async def _pass(
     if not opts.dry_run:
         report.fold(await transition(inputs, scans, planned))
     report.open_conflicts = list(inputs.state.conflicts().values())
+    if not opts.dry_run:
+        report.pruned = _retain(inputs, report.open_conflicts)
+
+
+def _retain(inputs: PassInputs, open_conflicts: list[ConflictRecord]) -> list[Pruned]:
+    """Bound ``conflicts/`` and ``undo/`` (``filesync.host.retention``) after a pass that
+    added a run to either: only a new run can take them over their bounds."""
+    state, opts = inputs.state, inputs.opts
+    dirs = (state.conflicts_dir, state.undo_dir)
+    if not any((d / inputs.run_id).exists() for d in dirs):
+        return []
+    opened = {run_of(c.saved_to, state.conflicts_dir) for c in open_conflicts}
+    pruned = prune_runs(state.conflicts_dir, opts.keep_runs, opts.keep_bytes,
+                        {r for r in opened if r is not None})
+    pruned += prune_runs(state.undo_dir, opts.keep_runs, opts.keep_bytes)
+    if pruned and opts.log is not None:
+        opts.log(f"retention: dropped {len(pruned)} old runs of saved copies "
+                 f"({sum(p.bytes for p in pruned)} bytes; kept the last {opts.keep_runs} "
+                 f"runs, at most {opts.keep_bytes} bytes each, and every open conflict)")
+    return pruned
 
 
 class TransferFailed(FilesyncError):

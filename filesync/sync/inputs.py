@@ -21,6 +21,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Listing, Skipped
 from filesync.core.reconcile import Action, Direction, Version
 from filesync.endpoint.contract import Endpoint
+from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
 from filesync.host.state import Ancestor, PairState
 from filesync.sync.progress import Progress
@@ -46,6 +47,10 @@ class Options:
     #: on one open connection (the agent, terminal backends). A full walk still happens
     #: on the first pass, after any directory-level change, and every few minutes.
     watch: bool = False
+    #: Retention of ``conflicts/`` and ``undo/`` (each): the last ``keep_runs`` runs that
+    #: saved something, at most ``keep_bytes``; open conflicts are never dropped.
+    keep_runs: int = KEEP_RUNS
+    keep_bytes: int = KEEP_BYTES
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from filesync.host.apply import HostOp, HostTree, OpResult
 from filesync.host.journal import Journal, commit_journal, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
-from filesync.host.undo import prune_undo
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.tree.wire import SAFETY_REASONS
 
@@ -245,7 +244,6 @@ def _apply_host(
         tree.close()
     commit_journal(state, journal, results)
     _host_results(inputs, results, out)
-    prune_undo(state.undo_dir)
 
 
 def _row(a: Ancestor) -> list[object]:
