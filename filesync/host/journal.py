@@ -98,7 +98,9 @@ def _write_undo_manifest(
 ) -> None:
     rows = [
         {"path": r.op.path, "kind": r.op.kind, "hash": r.op.hash,
-         "kept": (undo_dir / "files" / r.op.path).exists()}
+         # A file: where a directory became a file, ``files/<path>`` is the directory
+         # holding the kept files that were under it, not a kept old version.
+         "kept": (undo_dir / "files" / r.op.path).is_file()}
         for r in results if r.status == "done"
     ]
     manifest = {"ops": rows, "previous": previous}

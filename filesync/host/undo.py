@@ -31,7 +31,9 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
     tree = HostTree(local_root, None)
     restored: list[str] = []
     try:
-        for row in manifest["ops"]:
+        # Last op first: a directory the pull replaced by a file (its files deleted,
+        # then the file written) comes back as it was, the file removed first.
+        for row in reversed(manifest["ops"]):
             op = _undo_op(row, run, local_root, scratch)
             if op is not None and tree.apply(op).status == "done":
                 restored.append(row["path"])

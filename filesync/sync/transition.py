@@ -3,9 +3,9 @@
 ``transition(inputs, scans, planned)`` reads only its frozen arguments and returns a
 ``Transitioned``: what happened (confirmed transfers, conflicts saved, skips, failures),
 which the engine folds into its report. Order: stage what is still missing, save the
-losing versions of conflicts, change the remote (one send stream, one delete request),
-change the host (journaled), then record ancestors and caches. Nothing is recorded
-before it is confirmed.
+losing versions of conflicts, change the remote (one delete request, one send stream),
+change the host (journaled, deletes before writes), then record ancestors and caches.
+Nothing is recorded before it is confirmed.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ async def transition(inputs: PassInputs, scans: Scans, planned: Planned) -> Tran
     out = Transitioned()
     plan = await _ensure_staged(inputs, planned, out)
     conflicts = _save_conflicts(inputs, planned, plan, out)
-    read_rows = await _upload(inputs, scans, plan, out)
+    # Deletes first, on both sides: a name turned from a directory into a file is free
+    # (the emptied directory pruned) when the file is written, so it converges in one pass.
     await _delete_remote(inputs, scans.remote, plan, out)
+    read_rows = await _upload(inputs, scans, plan, out)
     _apply_host(inputs, scans.ancestors, scans.local, plan, out)
     _record(inputs, scans, plan)
     _update_conflict_table(inputs, planned, conflicts, plan, out)
@@ -207,7 +209,12 @@ def host_journal(
     inputs: PassInputs, anc: Mapping[str, Ancestor], local: LocalScan, plan: Sequence[Action]
 ) -> Journal:
     """The journal of the host side of ``plan``: its writes and deletes, each re-checked
-    against the stat the scan saw, with the ancestor rows to commit once done."""
+    against the stat the scan saw, with the ancestor rows to commit once done.
+
+    Every delete comes before every write: a name the remote turned from a directory
+    into a file is free (its last file deleted, the emptied directory pruned) by the
+    time the file is written, so the swap converges in one pass, with no false conflict.
+    """
     state, staged, now = inputs.state, inputs.sink.staged, inputs.now
     journal = Journal(inputs.run_id, undo_dir=str(state.undo_dir / inputs.run_id))
     for a in plan:
@@ -225,7 +232,12 @@ def host_journal(
             continue
         old = anc.get(a.path)
         journal.previous.append([a.path, *(_row(old) if old else [])])
+    journal.ops.sort(key=_writes_last)  # stable: each kind keeps the plan's path order
     return journal
+
+
+def _writes_last(op: HostOp) -> bool:
+    return op.kind == "write"
 
 
 def _apply_host(
