@@ -109,6 +109,13 @@ class SSHTerminal:
         from filesync import SshTarget
         from filesync import connect_ssh as connect
 
+        for mapping in self.mappings:
+            # Refused before connecting: the setup push would only fail later, half done.
+            if not Path(mapping.local).expanduser().exists():
+                raise FilesyncError(
+                    f"the local root {mapping.local} of mapping {mapping.local} -> "
+                    f"{mapping.remote} does not exist; create it or fix the mapping"
+                )
         self._conduit = await connect(
             SshTarget(self.host, self.user, self.port), ssh_config=self.ssh_config,
             identity=self.identity, accept_new_host_key=self.accept_new_host_key,

@@ -20,7 +20,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem
 from filesync.errors import ConnectionLost, FilesyncError, TransportError
-from filesync.host.apply import crash_point
+from filesync.host.faults import crash_point
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload

@@ -1,37 +1,33 @@
-"""Apply on the host: journaled, atomic per file, re-checked, never following links.
+"""Apply on the host: atomic per file, re-checked, never following links.
 
-A pull first stages every file (fsynced) under the state dir, then writes an intent
-journal, then applies it. Each step of the journal is idempotent and guarded:
+``HostTree`` carries out one ``HostOp`` at a time, each idempotent and guarded:
 - a write renames the staged file into place, only if the target still has the
   size and mtime the scan saw (else it becomes a conflict, and nothing is lost);
 - a delete unlinks only a target that is unchanged since the scan;
-- before either, the old file is kept (hard-linked, or copied) in the undo dir.
-A run that finds an unfinished journal replays it before doing anything else, so a
-crash at any point ends with every file holding its old or its new content.
+- before either, the old file is kept (hard-linked, or copied with its permission
+  bits) in the undo dir.
+The intent journal that orders these ops, and the recovery that replays it after a
+crash, are ``filesync.host.journal``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
-import signal
 import stat
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from filesync.errors import FilesyncError
+from filesync.host.faults import crash_point
 from filesync.host.scan import hash_fd
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, delete_file, open_parent, unchanged
 from filesync.tree.paths import split_rel
 from filesync.tree.wire import reason_of
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(slots=True)
@@ -47,37 +43,6 @@ class HostOp:
     mtime_ns: int = 0
 
 
-@dataclass(slots=True)
-class Journal:
-    """The intent of one apply: its ops and the state rows to commit when done."""
-
-    run_id: str
-    ops: list[HostOp] = field(default_factory=list)
-    ancestors: list[list[Any]] = field(default_factory=list)
-    forget: list[str] = field(default_factory=list)
-    #: ancestor rows of the touched paths before this apply, for ``filesync undo``
-    previous: list[list[Any]] = field(default_factory=list)
-    undo_dir: str = ""
-
-    def save(self, path: Path) -> None:
-        """Write the journal durably (temp, fsync, rename, fsync dir) or not at all."""
-        data = json.dumps(asdict(self)).encode("utf-8", "surrogateescape")
-        _write_atomic(path, data, "the apply journal")
-        crash_point("journal-saved")
-
-    @classmethod
-    def load(cls, path: Path) -> Journal:
-        try:
-            raw = json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
-            raw["ops"] = [HostOp(**op) for op in raw["ops"]]
-            return cls(**raw)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise FilesyncError(
-                f"the apply journal {path} is unreadable ({type(exc).__name__}); move it "
-                "away and rerun (the files it names may hold their old or new content)"
-            ) from exc
-
-
 @dataclass(frozen=True, slots=True)
 class OpResult:
     """``done``, ``changed`` (target edited since the scan) or ``error``."""
@@ -87,69 +52,13 @@ class OpResult:
     reason: str = ""
 
 
-def crash_point(name: str) -> None:
-    """Test hook: SIGKILL this process at a named step. Inert unless the env var is set.
-
-    ``FILESYNC_TEST_CRASH=NAME:N`` kills the process with a real SIGKILL the Nth time
-    (1-based) step ``NAME`` is reached. Steps: ``staged`` (a fetched file is staged),
-    ``journal-saved``, ``before-op``, ``kept`` (old file kept for undo), ``placed`` (a
-    write or delete is done), ``ops-done``, ``manifest-written``. The crash-safety tests
-    (tests/test_reliability_kill.py) use it; unset, it costs one environment lookup.
-    """
-    spec = os.environ.get(CRASH_ENV)
-    if not spec:
-        return
-    want, _, nth = spec.partition(":")
-    if want != name:
-        return
-    _crash_counts[name] = _crash_counts.get(name, 0) + 1
-    if str(_crash_counts[name]) == (nth or "1"):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-CRASH_ENV = "FILESYNC_TEST_CRASH"
-_crash_counts: dict[str, int] = {}
-
-
-def _write_atomic(path: Path, data: bytes, what: str) -> None:
-    """Temp file, every byte written, fsync, rename, fsync dir; a failure leaves no temp."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise FilesyncError(
-            f"cannot write {what} {path}: {exc.strerror or exc}; free space in the state dir "
-            "and rerun"
-        ) from exc
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, _DIR_FLAGS)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class HostTree:
     """The host root, opened once; every access goes through its descriptor."""
 
     def __init__(self, root: Path, undo_dir: Path | None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        self.fd = os.open(root, _DIR_FLAGS)
+        self.fd = os.open(root, DIR_FLAGS)
         self.undo_dir = undo_dir
 
     def close(self) -> None:
@@ -257,10 +166,15 @@ class HostTree:
             tmp = dest.with_name(dest.name + ".filesync-partial")
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
-                with os.fdopen(fd, "rb") as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                    dst.flush()
-                    os.fsync(dst.fileno())
+                with os.fdopen(fd, "rb") as src:
+                    # Created 0600, then given the file's own bits: a private file is never
+                    # readable by others, not even while it is copied.
+                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(out, "wb") as dst:
+                        os.fchmod(out, stat.S_IMODE(os.fstat(fd).st_mode) & 0o777)
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                        dst.flush()
+                        os.fsync(out)
                 os.replace(tmp, dest)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -282,35 +196,3 @@ def _holds(pfd: int, name: str, digest: str | None) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
-    """Apply every op of ``journal`` in order and write the undo manifest."""
-    results = []
-    for op in journal.ops:
-        crash_point("before-op")
-        results.append(tree.apply(op))
-    crash_point("ops-done")
-    if journal.undo_dir:
-        _write_undo_manifest(Path(journal.undo_dir), results, journal.previous)
-        crash_point("manifest-written")
-    return results
-
-
-def _write_undo_manifest(
-    undo_dir: Path, results: Iterable[OpResult], previous: list[list[Any]]
-) -> None:
-    rows = [
-        {"path": r.op.path, "kind": r.op.kind, "hash": r.op.hash,
-         "kept": (undo_dir / "files" / r.op.path).exists()}
-        for r in results if r.status == "done"
-    ]
-    manifest = {"ops": rows, "previous": previous}
-    try:
-        undo_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise FilesyncError(
-            f"cannot create {undo_dir}: {exc.strerror}; free space in the state dir and rerun"
-        ) from exc
-    data = json.dumps(manifest).encode("utf-8", "surrogateescape")
-    _write_atomic(undo_dir / "manifest.json", data, "the undo manifest")

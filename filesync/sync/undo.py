@@ -1,24 +1,17 @@
-"""``filesync undo``: put back the host files the last pull replaced or deleted.
+"""``filesync undo`` for one pair: resolve the remote root, lock the pair, undo on the host.
 
-A file is restored only if it still holds what the pull wrote (an edit made since
-is never overwritten). The ancestor rows go back to what they were before the pull,
-so the next pull offers the same remote changes again.
+What needs the endpoint (resolving the remote root that names the pair) lives here; the
+restore itself, and its guarantees, are ``filesync.host.undo``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
-from typing import Any
 
 from filesync.endpoint.connect import session_for
-from filesync.errors import FilesyncError
-from filesync.host.apply import HostOp, HostTree
-from filesync.host.scan import hash_file
-from filesync.host.state import Ancestor, PairState
-from filesync.sync.engine import Options, recover
+from filesync.host.state import PairState
+from filesync.host.undo import undo_in
+from filesync.sync.inputs import Options
 from filesync.transport.base import Conduit
 
 
@@ -35,64 +28,3 @@ async def undo_last(
         return undo_in(state, local_root)
     finally:
         state.close()
-
-
-def _latest(state: PairState) -> Path:
-    runs = (
-        sorted(d for d in state.undo_dir.glob("*/manifest.json")) if state.undo_dir.exists() else []
-    )
-    if not runs:
-        raise FilesyncError(
-            "nothing to undo for this pair; undo restores the host files of the last pull"
-        )
-    return runs[-1].parent
-
-
-def undo_in(state: PairState, local_root: Path) -> list[str]:
-    recover(state, local_root)
-    run = _latest(state)
-    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
-    scratch = state.staging / "undo"
-    scratch.mkdir(parents=True, exist_ok=True)
-    tree = HostTree(local_root, None)
-    restored: list[str] = []
-    try:
-        for row in manifest["ops"]:
-            op = _undo_op(row, run, local_root, scratch)
-            if op is not None and tree.apply(op).status == "done":
-                restored.append(row["path"])
-    finally:
-        tree.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    _restore_ancestors(state, manifest["previous"], set(restored))
-    shutil.rmtree(run, ignore_errors=True)
-    return restored
-
-
-def _undo_op(row: dict[str, Any], run: Path, local_root: Path, scratch: Path) -> HostOp | None:
-    target = local_root / row["path"]
-    kept = run / "files" / row["path"]
-    try:
-        st = os.lstat(target)
-        current = hash_file(target)
-        expect: list[int] | None = [st.st_size, st.st_mtime_ns]
-    except FileNotFoundError:
-        current, expect = None, None
-    if row["kind"] == "write" and current != row["hash"]:
-        return None  # edited since the pull: leave it
-    if row["kind"] == "delete" and current is not None:
-        return None
-    if not row["kept"]:
-        return HostOp("delete", row["path"], expect)
-    copy = scratch / str(len(os.listdir(scratch)))
-    shutil.copy2(kept, copy)
-    kst = os.stat(kept)
-    return HostOp(
-        "write", row["path"], expect, str(copy), None, kst.st_mode & 0o777, kst.st_mtime_ns
-    )
-
-
-def _restore_ancestors(state: PairState, previous: list[list[Any]], restored: set[str]) -> None:
-    rows = [(r[0], Ancestor(*r[1:])) for r in previous if r[0] in restored and len(r) > 1]
-    state.put_ancestors(rows)
-    state.forget([r[0] for r in previous if r[0] in restored and len(r) == 1])

@@ -32,7 +32,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.endpoint import posix as posix_remote
 from filesync.endpoint.contract import FetchHeader, FetchSink, SendItem
 from filesync.endpoint.helper import HelperEndpoint, NoPython
-from filesync.sync.engine import StagingSink
+from filesync.sync.staging import StagingSink
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.local import local_conduit
 

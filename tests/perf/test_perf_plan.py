@@ -1,8 +1,9 @@
 """The fast paths of a pass decide exactly what the plain per-file code decides.
 
-``engine._FAST`` switches the fast ``remote_versions``/``plan`` paths off; the slow
-scenario below also swaps in the per-file ``scan_cached`` this module keeps as the
-reference, and makes ``_update_caches`` diff the caches field by field. Hypothesis
+The slow scenario swaps the C-level passes of ``filesync.sync.plan`` (``_unchanged_remote``,
+``_quiet``) for the plain per-file rules this module keeps as the reference (every remote
+file then goes through ``remote_versions``'s per-file loop), swaps in the per-file
+``scan_cached``, and makes ``_update_caches`` diff the caches field by field. Hypothesis
 builds an ancestor (a first pass), then edits both sides; the same scenario is played
 in two fresh directories, fast and slow, and every pass must give the same report, the
 same trees and the same state rows. No timing is asserted.
@@ -26,8 +27,8 @@ from filesync.core.model import Entry, Listing
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import drop_session
 from filesync.host.scan import LocalScan, scan_cached
-from filesync.host.state import PairState
-from filesync.sync import engine, transition
+from filesync.host.state import Ancestor, PairState
+from filesync.sync import engine, plan, transition
 from filesync.sync.engine import Options, run_pass
 from filesync.transport.local import local_conduit
 
@@ -52,6 +53,20 @@ def reference_scan_cached(
         else:
             scan.misses.append(rel)
     return scan
+
+
+def reference_unchanged_remote(anc: Any, rfiles: Any) -> set[str]:
+    """No C-level pass: every remote file goes through the per-file loop."""
+    return set()
+
+
+def reference_quiet(
+    anc: dict[str, Ancestor], local: LocalScan, rfiles: dict[str, Entry], same: set[str]
+) -> set[str]:
+    """``plan._quiet`` as the plain per-file test it stands for."""
+    hashes, entries = local.hashes, local.listing.entries
+    return {p for p in same
+            if hashes.get(p) == anc[p].hash and entries[p].mode & 0o777 == anc[p].mode}
 
 
 def put(path: Path, data: bytes, mode: int, mtime_ns: int) -> None:
@@ -138,12 +153,14 @@ def play(
 ) -> list[Any]:
     """First pass (sync), edits, ``direction``; racy rewrites, ``direction`` again (warm)."""
     local, remote, state = base / "local", base / "remote", base / "state"
+    local.mkdir()  # a sync from a missing local root is an error, an empty one is a tree
     for i, (rel, mode) in enumerate(sorted(files.items())):
         put(local / rel, f"{rel} {i}".encode(), mode, OLD_NS + i * 10**9)
     with monkeypatch.context() as m:
-        m.setattr(engine, "_FAST", fast)
         if not fast:
-            m.setattr(engine, "scan_cached", reference_scan_cached)
+            m.setattr(plan, "_unchanged_remote", reference_unchanged_remote)
+            m.setattr(plan, "_quiet", reference_quiet)
+            m.setattr(plan, "scan_cached", reference_scan_cached)
             m.setattr(transition, "_same_objects", lambda new, old: False)
 
         async def main() -> list[Any]:

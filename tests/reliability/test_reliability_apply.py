@@ -28,10 +28,12 @@ from test_reliability_support import (
     state_leftovers,
 )
 
-import filesync.host.apply
+import filesync.host.faults
 import filesync.sync.transition
 from filesync.errors import FilesyncError
-from filesync.host.apply import HostOp, HostTree, Journal, crash_point
+from filesync.host.apply import HostOp, HostTree
+from filesync.host.faults import crash_point
+from filesync.host.journal import Journal
 
 
 @pytest.fixture
@@ -260,10 +262,10 @@ def test_a_corrupt_journal_is_one_clean_line(pair: Pair) -> None:
 
 
 def test_crash_hook_is_inert_without_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(filesync.host.apply.CRASH_ENV, raising=False)
+    monkeypatch.delenv(filesync.host.faults.CRASH_ENV, raising=False)
     for _ in range(3):
         crash_point("before-op")  # would SIGKILL pytest if it were not inert
-    monkeypatch.setenv(filesync.host.apply.CRASH_ENV, "placed:1")
+    monkeypatch.setenv(filesync.host.faults.CRASH_ENV, "placed:1")
     crash_point("before-op")  # another step: still alive
 
 

@@ -35,7 +35,7 @@ from test_reliability_support import (
 )
 
 import filesync.endpoint.helper
-import filesync.sync.engine
+import filesync.sync.staging
 import filesync.transport.ssh.conduit
 
 pytestmark = pytest.mark.sshd
@@ -382,7 +382,7 @@ def test_torn_remote_read_is_never_applied(
     big = pair.remote / "growing.log"
     write(big, b"x" * (48 << 20))
     write(pair.remote / "other.txt", "other\n")
-    real_begin = filesync.sync.engine.StagingSink.begin
+    real_begin = filesync.sync.staging.StagingSink.begin
     appended = []
 
     def begin(self: Any, head: Any) -> Callable[[bytes], None]:
@@ -399,7 +399,7 @@ def test_torn_remote_read_is_never_applied(
 
         return spy
 
-    monkeypatch.setattr(filesync.sync.engine.StagingSink, "begin", begin)
+    monkeypatch.setattr(filesync.sync.staging.StagingSink, "begin", begin)
     report = pair.ok("pull")
     monkeypatch.undo()
     assert appended

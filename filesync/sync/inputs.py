@@ -1,0 +1,95 @@
+"""What a pass works from: its options, and the frozen inputs built once per pass.
+
+``run_pass`` builds one ``PassInputs`` (who and where: options, roots, state, endpoint,
+staging sink, run id, clock), then one ``Scans`` (what both sides and the ancestor hold)
+and one ``Planned`` (what reconcile decided, with the versions it decided on). The
+planning and the transition only read these; what they find or do comes back as return
+values, which the engine folds into the ``Report``. Nothing is shared through a mutable
+object or module state between the steps.
+
+The state, the endpoint and the sink are I/O handles: frozen here means the pass never
+swaps them, not that they hold nothing that changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filesync.core.exclude import ExcludeRule
+from filesync.core.model import Listing, Skipped
+from filesync.core.reconcile import Action, Direction, Version
+from filesync.endpoint.contract import Endpoint
+from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
+from filesync.host.scan import LocalScan
+from filesync.host.state import Ancestor, PairState
+from filesync.sync.progress import Progress
+from filesync.sync.staging import StagingSink
+
+
+@dataclass
+class Options:
+    """How one pass runs. Defaults are the CLI's defaults."""
+
+    direction: Direction
+    rule: ExcludeRule = field(default_factory=ExcludeRule.build)
+    state_dir: Path = Path("~/.local/state/filesync")
+    dry_run: bool = False
+    force: bool = False
+    lock_timeout: float = 0.0
+    max_file_size: int = 1 << 30
+    max_pull_bytes: int = 2 << 30
+    log: Callable[[str], None] | None = None
+    progress: Progress | None = None
+    #: Keep both trees watched (inotify) between passes of this process, so that a pass
+    #: lists again only the directories that changed: for callers that run many passes
+    #: on one open connection (the agent, terminal backends). A full walk still happens
+    #: on the first pass, after any directory-level change, and every few minutes.
+    watch: bool = False
+    #: Retention of ``conflicts/`` and ``undo/`` (each): the last ``keep_runs`` runs that
+    #: saved something, at most ``keep_bytes``; open conflicts are never dropped.
+    keep_runs: int = KEEP_RUNS
+    keep_bytes: int = KEEP_BYTES
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """Who and where: fixed for the whole pass."""
+
+    opts: Options
+    session: Endpoint
+    state: PairState
+    local_root: Path
+    remote_root: str
+    run_id: str
+    #: the pass's clock (ns): the ``synced_ns`` of every ancestor row it writes
+    now: int
+    sink: StagingSink
+
+
+@dataclass(frozen=True)
+class Scans:
+    """Both sides and the ancestor as the pass found them."""
+
+    ancestors: Mapping[str, Ancestor]
+    local: LocalScan
+    remote: Listing
+    #: the host stat cache as it was read: new rows are written only where they differ
+    old_cache: Mapping[str, tuple[int, int, int, str]]
+    excluded: int
+    skipped: tuple[Skipped, ...]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What reconcile decided, and on which versions."""
+
+    actions: Sequence[Action]
+    local_versions: Mapping[str, Version]
+    remote_versions: Mapping[str, Version]
+    #: paths the full (unfiltered) plan holds in conflict: a ``resolve`` of one path
+    #: leaves the others open
+    full_conflicts: Set[str]
+    #: everything skipped before the transition (scans included), in report order
+    skipped: tuple[Skipped, ...]

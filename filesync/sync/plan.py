@@ -1,0 +1,262 @@
+"""Planning a pass: scan both sides, learn the remote versions, fetch, reconcile.
+
+Every step reads the frozen ``PassInputs`` and returns what it found; nothing is kept
+in between but what the engine passes on. A path whose version is unknown this run
+(unreadable, skipped, vanished while fetched) is left out of the plan entirely: absent
+is never read as deleted. Most files of a large tree are unchanged on all three sides;
+those are found by C-level passes over the listings (``_unchanged_remote``,
+``_quiet``) that decide exactly what the per-file rules below decide
+(tests/perf/test_perf_plan.py swaps in the per-file rules and compares).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from itertools import filterfalse
+from pathlib import Path
+
+from filesync.core.model import Entry, Skipped
+from filesync.core.reconcile import Direction, Kind, Version, reconcile
+from filesync.errors import FilesyncError, SafetyRefusal
+from filesync.host.journal import recover
+from filesync.host.scan import (
+    RACY_NS,
+    LocalScan,
+    filter_unsafe,
+    hash_needed,
+    list_local,
+    scan_cached,
+)
+from filesync.host.state import Ancestor
+from filesync.sync.inputs import PassInputs, Planned, Scans
+
+
+@dataclass(frozen=True)
+class RemoteVersions:
+    """The remote versions known without reading the remote, and what must be fetched."""
+
+    #: from the remote hash cache: (size, mtime) still as when the hash was taken
+    known: Mapping[str, Version]
+    #: unchanged since the last transfer: their version is the ancestor's
+    same: Set[str]
+    fetch: list[Entry]
+    skipped: tuple[Skipped, ...]
+
+
+def require_local_source(direction: Direction, local_root: Path) -> None:
+    """A push or sync reads the host tree: a root that does not exist is a mistake (a
+    typo, an unmounted disk), never an empty tree to sync. A pull creates it."""
+    if direction is not Direction.PULL and not local_root.exists():
+        raise FilesyncError(
+            f"local root {local_root} does not exist, so there is nothing to "
+            f"{direction.value}; check the path (or create the directory, or pull into it)"
+        )
+
+
+def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
+    """A first pull from a remote root that does not exist is a mistake (a typo), not an
+    empty tree. Once the pair has state, the root guard speaks instead (exit 3)."""
+    if inputs.opts.direction is Direction.PULL and not scans.remote.exists \
+            and not scans.ancestors:
+        raise FilesyncError(
+            f"remote root {inputs.remote_root} does not exist, so there is nothing to pull; "
+            "check the remote path (push creates it)"
+        )
+
+
+async def scan(inputs: PassInputs) -> Scans:
+    """Finish any interrupted apply, then list both sides and hash what will be compared."""
+    state, opts = inputs.state, inputs.opts
+    recover(state, inputs.local_root)
+    # The host walk (stat only) runs in a thread while the state is read and the
+    # remote lists; the stat cache is applied to it afterwards.
+    started_ns = time.time_ns()
+    # Submitted at once (a task would start the thread only at the first await).
+    walking = asyncio.get_running_loop().run_in_executor(
+        None, list_local, inputs.local_root, opts.rule, opts.watch)
+    try:
+        anc = state.ancestors()
+        old_cache = state.local_cache()
+        remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)
+    finally:
+        listed = await walking
+    local = scan_cached(listed, old_cache, started_ns)
+    filter_unsafe(remote)
+    rfiles = remote.files()
+    # Only files that will be compared with something are read now.
+    hash_needed(local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
+    return Scans(anc, local, remote, old_cache, remote.excluded + local.listing.excluded,
+                 (*local.listing.skipped, *remote.skipped))
+
+
+def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
+    """Versions known without reading the remote, and the candidates to fetch."""
+    opts = inputs.opts
+    anc, rfiles = scans.ancestors, scans.remote.files()
+    cache = inputs.state.remote_cache()
+    known: dict[str, Version] = {}
+    fetch: list[Entry] = []
+    skipped: list[Skipped] = []
+    # Most files of a large tree are unchanged: find those with C-level passes (in
+    # listing order, which keeps memory access sequential), then give only the
+    # rest to the loop below, which decides exactly as it would for every file.
+    same = _unchanged_remote(anc, rfiles)
+    # (``same`` holds only listed paths: as many means all of them.)
+    rest: Iterable[tuple[str, Entry]] = (
+        rfiles.items() if not same
+        else () if len(same) == len(rfiles)
+        else ((rel, rfiles[rel]) for rel in filterfalse(same.__contains__, rfiles))
+    )
+    local_entries = scans.local.listing.entries
+    for rel, e in rest:
+        mode = e.mode & 0o777
+        a = anc.get(rel)
+        if a is not None and e.size == a.remote_size and e.mtime_ns == a.remote_mtime_ns \
+                and mode == a.mode and a.remote_mtime_ns < a.synced_ns - RACY_NS:
+            same.add(rel)
+        elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
+            known[rel] = Version(cache[rel][2], mode)
+        elif e.size > opts.max_file_size:
+            skipped.append(Skipped(rel, "larger than --max-file-size"))
+        elif opts.direction is Direction.PUSH and a is None and rel not in local_entries:
+            continue  # remote-only and never pushed: push leaves it alone
+        else:
+            fetch.append(e)
+    return RemoteVersions(known, same, fetch, tuple(skipped))
+
+
+async def fetch(inputs: PassInputs, entries: list[Entry]) -> None:
+    """Stage ``entries`` (refused whole when over ``--max-pull-bytes``)."""
+    opts, sink = inputs.opts, inputs.sink
+    total = sum(e.size for e in entries)
+    if total > opts.max_pull_bytes and not opts.force:
+        raise SafetyRefusal(
+            f"this run would fetch {total} bytes, more than --max-pull-bytes "
+            f"{opts.max_pull_bytes}; raise the limit or exclude the large files"
+        )
+    if not entries:
+        return
+    bar = opts.progress
+    if bar is not None:
+        bar.begin("fetch", total)
+        sink.progress = bar.advance
+    try:
+        await inputs.session.fetch(inputs.remote_root, [e.path for e in entries], sink)
+    finally:
+        if bar is not None:
+            bar.end()
+            sink.progress = None
+
+
+def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
+    """Reconcile every path that is not quietly in sync on all three sides."""
+    staged, failed = inputs.sink.staged, inputs.sink.failed_paths
+    skipped = [*scans.skipped, *versions.skipped]
+    rv = dict(versions.known)
+    for e in versions.fetch:
+        s = staged.get(e.path)
+        if s is None:
+            reason = failed.get(e.path, "vanished")
+            skipped.append(Skipped(e.path, f"remote: {reason}; retried next run"))
+            continue
+        rv[e.path] = Version(s.hash, s.mode)
+    anc, local = scans.ancestors, scans.local
+    entries, hashes = local.listing.entries, local.hashes
+    same, rfiles = versions.same, scans.remote.files()
+    quiet = _quiet(anc, local, rfiles, same)
+    # A path whose version is unknown this run is left out entirely; so is all
+    # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
+    unknown = {s.path for s in skipped}
+    # Remote files neither unchanged nor with a version: skipped or left alone.
+    unknown |= _left_out(rfiles, same, rv)
+    unknown |= _under_skipped(skipped, anc.keys(), hashes.keys(), rv.keys())
+    # Every path any side knows, but the quiet ones: ``quiet`` is a subset of
+    # ``same``, ``anc`` and ``hashes`` (``_quiet`` only keeps paths found in all
+    # three), so a side holding exactly as many paths holds nothing else; a no-op
+    # pass over a large tree then builds no large set here.
+    paths: set[str] = set()
+    for side in (anc.keys(), hashes.keys(), same):
+        if len(side) != len(quiet):
+            paths |= side - quiet
+    paths |= rv.keys() - quiet
+    paths -= unknown
+    for p in paths & same:
+        rv[p] = Version(anc[p].hash, anc[p].mode)
+    lv = {p: Version(hashes[p], entries[p].mode & 0o777) for p in paths if p in hashes}
+    av = {p: Version(anc[p].hash, anc[p].mode) for p in paths if p in anc}
+    rv = {p: v for p, v in rv.items() if p in paths}
+    actions = reconcile(av, lv, rv, inputs.opts.direction)
+    conflicts = {a.path for a in actions if a.kind is Kind.CONFLICT}
+    return Planned(actions, lv, rv, conflicts, tuple(skipped))
+
+
+def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
+    """Paths of ``sides`` inside a skipped dir, each appended to ``skipped``: they are
+    neither synced nor deleted. The sides are only joined when something was skipped."""
+    why = {s.path.rstrip("/"): s.reason for s in skipped}
+    if not why:
+        return set()
+    inside: set[str] = set()
+    for p in sorted(set().union(*sides)):
+        parent, cut = p, p.rfind("/")
+        while cut > 0:  # walk up the parents: O(depth), whatever the number of skips
+            parent = parent[:cut]
+            if parent in why:
+                break
+            cut = parent.rfind("/")
+        else:
+            continue
+        reason = why[parent]
+        if "symlink" in reason:
+            reason = "symlink in path (not followed)"
+        else:
+            reason = f"inside {parent}, which was skipped: {reason}"
+        skipped.append(Skipped(p, reason))
+        inside.add(p)
+    return inside
+
+
+def _unchanged_remote(anc: Mapping[str, Ancestor], rfiles: dict[str, Entry]) -> set[str]:
+    """The remote files that ``remote_versions``'s per-file test puts in ``same``: size,
+    mtime and permission bits as the last transfer left them, recorded more than
+    ``RACY_NS`` after that mtime.
+
+    The same test, cheaper: fields by index (a named tuple's attribute is a descriptor
+    call), no other branch. This is memory-bound (~300 ns a file on a cold 100k-file
+    tree), which is also why C-level ``map``/``compress`` passes lost to it: each pass
+    fetches the same scattered objects again.
+    """
+    get, racy = anc.get, RACY_NS
+    # Entry: path, kind, size, mtime_ns, mode, ino.
+    # Ancestor: hash, size, mode, remote_size, remote_mtime_ns, synced_ns.
+    return {
+        rel for rel, e in rfiles.items()
+        if (a := get(rel)) is not None and e[2] == a[3] and e[3] == a[4]
+        and e[4] & 0o777 == a[2] and a[4] < a[5] - racy
+    }
+
+
+def _quiet(
+    anc: Mapping[str, Ancestor], local: LocalScan, rfiles: dict[str, Entry], same: Set[str]
+) -> set[str]:
+    """The paths of ``same`` whose host file has the ancestor's hash and permission bits:
+    in sync on all three sides (``plan`` leaves them out)."""
+    # In remote-listing order when that covers them all: sequential reads of the
+    # listing's memory (iterating the set itself jumps around the heap, ~2x slower).
+    keys: list[str] | Set[str] = list(filter(same.__contains__, rfiles))
+    if len(keys) != len(same):
+        keys = same
+    hashes, entries = local.hashes.get, local.listing.entries
+    return {p for p in keys if hashes(p) == (a := anc[p])[0] and entries[p][4] & 0o777 == a[2]}
+
+
+def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) -> set[str]:
+    """Remote files neither unchanged nor given a version this run."""
+    return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
+
+
+__all__ = ["RemoteVersions", "fetch", "plan", "remote_versions", "require_local_source",
+           "require_remote_source", "scan"]

@@ -1,0 +1,78 @@
+"""The staging area of a pass: fetched remote files, whole and fsynced, before any apply.
+
+A file counts as staged only once every byte was written, fsynced and hashed; one that
+failed (or was found torn later) is dropped and its reason kept, so the plan leaves it out
+and the next run retries it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from filesync.endpoint.contract import FetchHeader, FetchSink
+from filesync.host.scan import new_hasher
+
+
+@dataclass(slots=True)
+class Staged:
+    """A fetched remote file, whole and fsynced under the staging dir."""
+
+    path: Path
+    hash: str
+    size: int
+    mode: int
+    mtime_ns: int
+
+
+class StagingSink(FetchSink):
+    """Writes fetched files into the staging dir, hashing while writing."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.staged: dict[str, Staged] = {}
+        self.failed_paths: dict[str, str] = {}
+        self._n = 0
+        self._fd = -1
+        self._hasher = new_hasher()
+        self._file = Path()
+        self.progress: Callable[[int], None] | None = None
+
+    def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
+        if self._n == 0:
+            # Created lazily: recovery empties the staging area at the start of a run.
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self._n += 1
+        self._file = self.dir / f"{self._n}"
+        self._fd = os.open(self._file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._hasher = new_hasher()
+        return self._write
+
+    def _write(self, data: bytes) -> None:
+        if self.progress is not None:
+            self.progress(len(data))
+        self._hasher.update(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def end(self, head: FetchHeader, ok: bool, reason: str) -> None:
+        if ok:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        if not ok:
+            os.unlink(self._file)
+            self.failed(head.path, reason)
+            return
+        digest = str(self._hasher.hexdigest())
+        self.staged[head.path] = Staged(self._file, digest, head.size, head.mode & 0o777,
+                                        head.mtime_ns)
+
+    def failed(self, path: str, reason: str) -> None:
+        """``path`` is not whole; a copy staged before (a torn read found later) is dropped."""
+        self.failed_paths[path] = reason
+        staged = self.staged.pop(path, None)
+        if staged is not None:
+            staged.path.unlink(missing_ok=True)
