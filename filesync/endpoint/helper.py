@@ -21,6 +21,7 @@ from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem
 from filesync.errors import ConnectionLost, FilesyncError, TransportError
 from filesync.host.faults import crash_point
+from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload
@@ -300,16 +301,19 @@ class HelperEndpoint:
                 raise self._garbage("malformed listing entry")
             listing.skipped.append(Skipped(row[0], row[1]))
         listing.excluded = int(reply.get("excluded", 0))
+        # The contract keeps unsafe names out of entries, so no caller can forget to.
+        filter_unsafe(listing)
         return listing
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         """Stream ``paths`` into ``sink``; torn or vanished files are reported to it.
 
-        Only the requested paths are accepted, each once; a file whose bytes do not
-        add up to its announced size counts as torn. A sink that cannot write (a full
-        disk) ends the run with a ``FilesyncError``.
+        Only the requested paths are accepted, each once (a path asked twice is asked
+        for once); a file whose bytes do not add up to its announced size counts as torn.
+        A sink that cannot write (a full disk) ends the run with a ``FilesyncError``.
         """
-        await self._request({"op": "fetch", "root": root, "paths": list(paths)})
+        paths = list(dict.fromkeys(paths))
+        await self._request({"op": "fetch", "root": root, "paths": paths})
         pending = Counter(paths)
         while True:
             kind, payload = await self._frame()

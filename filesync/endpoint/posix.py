@@ -63,6 +63,7 @@ from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.errors import ConnectionLost, FilesyncError, TransportError
+from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.dirfd import is_temp_name
 from filesync.tree.paths import unsafe_reason
@@ -758,11 +759,15 @@ class PosixEndpoint(HelperEndpoint):
     def _token(self, root: str, rel: str, size: int, mtime_ns: int) -> str:
         """The listing's stat token for ``rel`` if it still describes (size, mtime_ns).
 
-        Anything else gives a token no stat prints, so the remote check says "changed".
+        A path not listed (or listed otherwise) gets the token GNU find's ``%T@`` prints
+        for that size and mtime; where the remote prints whole seconds only, a token no
+        stat prints, so the remote check says "changed" rather than guess.
         """
         listed = self._listed.get(root, {}).get(rel)
         if listed is not None and (listed.size, listed.mtime_ns) == (size, mtime_ns):
             return listed.token
+        if self.tools.flavour == GNU_FIND and mtime_ns >= 0:
+            return f"{size} {mtime_ns // 10**9}.{mtime_ns % 10**9:09d}0"
         return "?"
 
     # -- operations -------------------------------------------------------------------
@@ -789,6 +794,7 @@ class PosixEndpoint(HelperEndpoint):
             raise self._broken("the listing", stderr_text.strip()[-200:])
         listing = self._listing(root, rule, _parse_records(data, self.tools.flavour),
                                 stderr_text)
+        filter_unsafe(listing)  # an unsafe name is never an entry
         if self._stale.get(root):
             await self._clean(root, self._stale.pop(root))
         return listing
