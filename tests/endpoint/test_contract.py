@@ -20,7 +20,7 @@ from contract_remote import Remote, container_processes, start_endpoint, wait_un
 from synctree import write
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.model import DIR, FILE, SYMLINK, Entry, Listing
+from filesync.core.model import FILE, Entry, Listing
 from filesync.endpoint.contract import FetchHeader, Outcome, SendItem
 from filesync.errors import ConnectionLost, FilesyncError, TransportError
 
@@ -606,9 +606,9 @@ async def test_delete_ignores_entries_that_are_not_files(remote: Remote) -> None
     files = (await remote.endpoint.list_tree(remote.root, RULE)).entries
     link, d = (root / "link").lstat(), (root / "e").lstat()
     asked = [
-        Entry("link", SYMLINK, link.st_size, link.st_mtime_ns, 0o777),
+        Entry("link", "l", link.st_size, link.st_mtime_ns, 0o777),
         files["d/f.txt"],
-        Entry("e", DIR, d.st_size, d.st_mtime_ns, 0o755),
+        Entry("e", "d", d.st_size, d.st_mtime_ns, 0o755),
     ]
     outcomes = await remote.endpoint.delete(remote.root, asked)
     assert statuses(outcomes) == [("d/f.txt", "ok")]
