@@ -98,3 +98,14 @@ def test_ssh_terminal_refuses_a_mapping_with_a_missing_local_root_before_connect
 
     with pytest.raises(FilesyncError, match=r"absent of mapping .* does not exist; create it"):
         asyncio.run(main())
+
+
+def test_a_pull_whose_excludes_match_everything_says_so_not_missing(tmp_path: Path) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    write(pair.local / "a.txt", "a\n")
+    write(pair.local / "d" / "b.txt", "b\n")
+    pair.ok("push")
+    code, _ = pair.run("pull", "--exclude", "*")
+    line = one_clean_line(pair)
+    assert code == 3 and "is excluded" in line and "missing" not in line, line
+    assert (pair.local / "a.txt").read_text() == "a\n"
