@@ -436,7 +436,8 @@ tree_st = st.lists(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3), max
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     tree=tree_st,
