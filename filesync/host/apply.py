@@ -29,7 +29,7 @@ from filesync.errors import FilesyncError
 from filesync.host.scan import hash_fd
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, delete_file, open_parent, unchanged
 from filesync.tree.paths import split_rel
-from filesync.tree.wire import reason_of
+from filesync.tree.wire import Reason, describe, parse_reason, reason_of
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
@@ -85,6 +85,8 @@ class OpResult:
     op: HostOp
     status: str
     reason: str = ""
+    #: the code of a refusal of the remote's kind (symlinked parent...), else None
+    code: Reason | None = None
 
 
 def crash_point(name: str) -> None:
@@ -165,13 +167,13 @@ class HostTree:
         except FileNotFoundError:
             return OpResult(op, "done" if op.kind == "delete" else "error", "parent vanished")
         except (OSError, ValueError) as exc:
-            return OpResult(op, "error", reason_of(exc))
+            return OpResult(op, "error", describe(*reason_of(exc)), reason_of(exc)[0])
         try:
             if op.kind == "write":
                 return self._write(pfd, parts, op)
             return self._delete(pfd, parts, op)
         except OSError as exc:
-            return OpResult(op, "error", reason_of(exc))
+            return OpResult(op, "error", describe(*reason_of(exc)), reason_of(exc)[0])
         finally:
             os.close(pfd)
 
@@ -237,7 +239,9 @@ class HostTree:
         crash_point("kept")
         result = delete_file(self.fd, op.path, [st.st_size, st.st_mtime_ns])
         if result[1] != "ok":
-            return OpResult(op, "changed" if result[1] == "changed" else "error", str(result[2]))
+            code = parse_reason(result[2])
+            return OpResult(op, "changed" if result[1] == "changed" else "error",
+                            describe(code, str(result[3])), code)
         crash_point("placed")
         return OpResult(op, "done")
 

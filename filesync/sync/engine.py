@@ -37,6 +37,7 @@ from filesync.host.scan import (
 from filesync.host.state import Ancestor, ConflictRecord, PairState
 from filesync.sync.progress import Progress
 from filesync.transport.base import Conduit
+from filesync.tree.wire import Reason
 
 MASS_DELETE_MIN = 20
 
@@ -343,7 +344,7 @@ class Pass:
     def _under_skipped(self, *sides: Iterable[str]) -> set[str]:
         """Paths of ``sides`` inside a skipped dir, each reported: they are neither synced
         nor deleted. The sides are only joined when something was skipped."""
-        why = {s.path.rstrip("/"): s.reason for s in self.report.skipped}
+        why = {s.path.rstrip("/"): s for s in self.report.skipped}
         if not why:
             return set()
         inside: set[str] = set()
@@ -356,12 +357,12 @@ class Pass:
                 cut = parent.rfind("/")
             else:
                 continue
-            reason = why[parent]
-            if "symlink" in reason:
-                reason = "symlink in path (not followed)"
+            skip = why[parent]
+            if skip.code in (Reason.SYMLINK, Reason.SYMLINK_IN_PATH):
+                self.report.skipped.append(Skipped.of(p, Reason.SYMLINK_IN_PATH))
             else:
-                reason = f"inside {parent}, which was skipped: {reason}"
-            self.report.skipped.append(Skipped(p, reason))
+                reason = f"inside {parent}, which was skipped: {skip.reason}"
+                self.report.skipped.append(Skipped(p, reason, skip.code))
             inside.add(p)
         return inside
 

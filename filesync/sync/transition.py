@@ -22,7 +22,7 @@ from filesync.host.apply import HostOp, HostTree, Journal, OpResult, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
 from filesync.sync.engine import commit_journal
-from filesync.tree.wire import SAFETY_REASONS
+from filesync.tree.wire import SAFETY, Reason
 
 if TYPE_CHECKING:
     from filesync.sync.engine import Pass
@@ -143,15 +143,16 @@ async def _upload(p: Pass, local: LocalScan, remote: Listing, plan: list[Action]
             rows.append((out.path, Ancestor(r.digest, r.size, mode, out.size, out.mtime_ns, p.now)))
             p.report.uploaded += 1
         else:
-            _failed(p, out.path, out.status, out.reason, "upload")
+            _failed(p, out.path, out.status, out.reason, "upload", out.code)
     p.state.put_ancestors(rows)
 
 
-def _failed(p: Pass, path: str, status: str, reason: str, what: str) -> None:
+def _failed(p: Pass, path: str, status: str, reason: str, what: str,
+            code: Reason | None) -> None:
     if status == "changed":
-        p.report.skipped.append(Skipped(path, f"{reason}; retried next run"))
-    elif reason in SAFETY_REASONS:
-        p.report.skipped.append(Skipped(path, f"{what} refused: {reason}"))
+        p.report.skipped.append(Skipped(path, f"{reason}; retried next run", code))
+    elif code in SAFETY:
+        p.report.skipped.append(Skipped(path, f"{what} refused: {reason}", code))
     else:
         p.report.skipped.append(Skipped(path, f"{what} failed: {reason}"))
         p.report.errors.append(f"{what} of {path} failed: {reason}")
@@ -168,7 +169,7 @@ async def _delete_remote(p: Pass, remote: Listing, plan: list[Action]) -> None:
             gone.append(out.path)
             p.report.deleted_remote += 1
         else:
-            _failed(p, out.path, out.status, out.reason, "remote delete")
+            _failed(p, out.path, out.status, out.reason, "remote delete", out.code)
     p.state.forget(gone)
 
 
@@ -219,7 +220,7 @@ def _host_results(p: Pass, results: list[OpResult]) -> None:
             saved = str(_save_copy(p, r.op.path)) if r.op.path in p.sink.staged else ""
             p.report.conflicts.append({"path": r.op.path, "saved_to": saved})
         else:
-            _failed(p, r.op.path, r.status, r.reason, "host " + r.op.kind)
+            _failed(p, r.op.path, r.status, r.reason, "host " + r.op.kind, r.code)
 
 
 def _prune_undo(undo_dir: Path) -> None:
