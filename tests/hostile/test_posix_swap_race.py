@@ -23,10 +23,11 @@ import pytest
 from sshd import SshdContainer
 from synctree import Pair, write
 
+from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.contract import Outcome, SendItem
 from filesync.endpoint.posix import PosixEndpoint
 from filesync.transport.ssh.conduit import SshTarget, connect
-from filesync.tree.wire import SAFETY
+from filesync.tree.wire import SAFETY, Reason
 
 BOX = 15  # sshd_factory index used by this module
 RENAME_EXCHANGE = 2
@@ -201,3 +202,35 @@ def test_uploads_under_a_swap_loop_land_inside_the_root_or_are_refused(
                 refused += 1
     inside = [p for p in root.rglob("n*.txt")]
     assert len(inside) + refused == 8 * 32  # each racing file: inside the root, or refused
+
+
+@pytest.mark.sshd
+def test_deletions_under_a_swap_loop_never_remove_a_file_outside(box: SshdContainer) -> None:
+    """Decoys outside the root match the listed files exactly (name, size, mtime): a
+    deletion that followed the swapped-in symlink would pass its check and remove them."""
+    root, outside = box.home / "race3", box.home / "outside"
+    names = [f"d{i}.txt" for i in range(40)]
+    for name in names:
+        for top in (root / "sub", outside):
+            write(top / name, f"{name}\n")
+            os.utime(top / name, ns=(10**18, 10**18))
+    (root / "link").symlink_to("/root/outside")
+
+    async def go() -> list[Outcome]:
+        conduit = await connect(SshTarget(box.alias), ssh_config=box.ssh_config)
+        try:
+            session = await PosixEndpoint.start(conduit)
+            listing = await session.list_tree("/root/race3", ExcludeRule.build())
+            files = [listing.entries[f"sub/{name}"] for name in names]
+            with Swapper(root / "sub", root / "link") as swapper:
+                outcomes = await session.delete("/root/race3", files)
+            assert swapper.errors == [] and swapper.swaps > 0
+            await session.close()
+            return outcomes
+        finally:
+            await conduit.close()
+
+    outcomes = asyncio.run(go())
+    assert sorted(os.listdir(outside)) == sorted(names)
+    for o in outcomes:
+        assert o.status == "ok" or o.code in SAFETY or o.code is Reason.CHANGED, o
