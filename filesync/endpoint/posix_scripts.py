@@ -137,20 +137,20 @@ enter() {
   why=; up=.
   cd -P "$R" 2>/dev/null || { why='os the remote root went away'; return 1; }
   [ "$1" != . ] || return 0
-  rest=$1/; at=$R
+  rest=$1/; at=${R%/}
   while [ -n "$rest" ]; do
     c=${rest%%/*}; rest=${rest#*/}
     if [ -L "./$c" ]; then why=symlink-in-path; break; fi
     if [ ! -e "./$c" ]; then
       if [ "$2" != 1 ]; then why=gone; break; fi
-      if ! here "$at"; then why=path-raced; break; fi
+      if ! here "${at:-/}"; then why=path-raced; break; fi
       e=$(mkdir "./$c" 2>&1) || [ -d "./$c" ] || { why="os ${e##*: }"; break; }
     elif [ ! -d "./$c" ]; then why=parent-not-a-directory; break; fi
     cd -P "./$c" 2>/dev/null || { why=path-raced; break; }
     at=$at/$c
     if [ "$up" = . ]; then up=..; else up=../$up; fi
   done
-  if [ -z "$why" ] && ! here "$R/$1"; then why=path-raced; fi
+  if [ -z "$why" ] && ! here "$at"; then why=path-raced; fi
   [ -n "$why" ] || return 0
   up=.
   cd -P "$R" 2>/dev/null

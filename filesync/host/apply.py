@@ -89,6 +89,12 @@ class OpResult:
     code: Reason | None = None
 
 
+def _refused(op: HostOp, exc: BaseException) -> OpResult:
+    """The ``error`` result of an op whose path could not be opened, with its code."""
+    code, detail = reason_of(exc)
+    return OpResult(op, "error", describe(code, detail), code)
+
+
 def crash_point(name: str) -> None:
     """Test hook: SIGKILL this process at a named step. Inert unless the env var is set.
 
@@ -167,13 +173,13 @@ class HostTree:
         except FileNotFoundError:
             return OpResult(op, "done" if op.kind == "delete" else "error", "parent vanished")
         except (OSError, ValueError) as exc:
-            return OpResult(op, "error", describe(*reason_of(exc)), reason_of(exc)[0])
+            return _refused(op, exc)
         try:
             if op.kind == "write":
                 return self._write(pfd, parts, op)
             return self._delete(pfd, parts, op)
         except OSError as exc:
-            return OpResult(op, "error", describe(*reason_of(exc)), reason_of(exc)[0])
+            return _refused(op, exc)
         finally:
             os.close(pfd)
 
