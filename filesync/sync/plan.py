@@ -32,6 +32,7 @@ from filesync.host.scan import (
 )
 from filesync.host.state import Ancestor
 from filesync.sync.inputs import PassInputs, Planned, Scans
+from filesync.tree.wire import Reason
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
 def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
     """Paths of ``sides`` inside a skipped dir, each appended to ``skipped``: they are
     neither synced nor deleted. The sides are only joined when something was skipped."""
-    why = {s.path.rstrip("/"): s.reason for s in skipped}
+    why = {s.path.rstrip("/"): s for s in skipped}
     if not why:
         return set()
     inside: set[str] = set()
@@ -209,12 +210,12 @@ def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
             cut = parent.rfind("/")
         else:
             continue
-        reason = why[parent]
-        if "symlink" in reason:
-            reason = "symlink in path (not followed)"
+        skip = why[parent]
+        if skip.code in (Reason.SYMLINK, Reason.SYMLINK_IN_PATH):
+            skipped.append(Skipped.of(p, Reason.SYMLINK_IN_PATH))
         else:
-            reason = f"inside {parent}, which was skipped: {reason}"
-        skipped.append(Skipped(p, reason))
+            reason = f"inside {parent}, which was skipped: {skip.reason}"
+            skipped.append(Skipped(p, reason, skip.code))
         inside.add(p)
     return inside
 

@@ -26,7 +26,7 @@ from filesync.host.journal import Journal, commit_journal, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
 from filesync.sync.inputs import PassInputs, Planned, Scans
-from filesync.tree.wire import SAFETY_REASONS
+from filesync.tree.wire import SAFETY, Reason
 
 
 @dataclass
@@ -173,16 +173,17 @@ async def _upload(
                                           inputs.now)))
             out.uploaded += 1
         else:
-            _failed(out, o.path, o.status, o.reason, "upload")
+            _failed(out, o.path, o.status, o.reason, "upload", o.code)
     inputs.state.put_ancestors(rows)
     return read_rows
 
 
-def _failed(out: Transitioned, path: str, status: str, reason: str, what: str) -> None:
+def _failed(out: Transitioned, path: str, status: str, reason: str, what: str,
+            code: Reason | None) -> None:
     if status == "changed":
-        out.skipped.append(Skipped(path, f"{reason}; retried next run"))
-    elif reason in SAFETY_REASONS:
-        out.skipped.append(Skipped(path, f"{what} refused: {reason}"))
+        out.skipped.append(Skipped(path, f"{reason}; retried next run", code))
+    elif code in SAFETY:
+        out.skipped.append(Skipped(path, f"{what} refused: {reason}", code))
     else:
         out.skipped.append(Skipped(path, f"{what} failed: {reason}"))
         out.errors.append(f"{what} of {path} failed: {reason}")
@@ -201,7 +202,7 @@ async def _delete_remote(
             gone.append(o.path)
             out.deleted_remote += 1
         else:
-            _failed(out, o.path, o.status, o.reason, "remote delete")
+            _failed(out, o.path, o.status, o.reason, "remote delete", o.code)
     inputs.state.forget(gone)
 
 
@@ -274,7 +275,7 @@ def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned
             saved = str(save_copy(inputs, r.op.path)) if r.op.path in inputs.sink.staged else ""
             out.conflicts.append({"path": r.op.path, "saved_to": saved})
         else:
-            _failed(out, r.op.path, r.status, r.reason, "host " + r.op.kind)
+            _failed(out, r.op.path, r.status, r.reason, "host " + r.op.kind, r.code)
 
 
 def _record(inputs: PassInputs, scans: Scans, plan: list[Action]) -> None:
