@@ -38,15 +38,13 @@ def _local_root(text: str) -> Path:
 
 
 def options_from(
-    args: argparse.Namespace, direction: Direction, local: Path, extra: Sequence[str] = ()
+    args: argparse.Namespace, direction: Direction, local: Path,
+    extra: Sequence[tuple[str, Sequence[str]]] = (),
 ) -> Options:
-    """Engine options from parsed arguments (``extra``: more exclude patterns)."""
-    try:
-        rule = ExcludeRule.build(
-            [*args.exclude, *extra], default_excludes=not args.no_default_excludes, root=local
-        )
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"bad --exclude pattern ({exc}); use gitignore syntax") from None
+    """Engine options from parsed arguments (``extra``: more exclude patterns, each group
+    with the label an error names it by)."""
+    rule = ExcludeRule.build(args.exclude, default_excludes=not args.no_default_excludes,
+                             root=local, more=extra)
     return Options(
         direction=direction,
         rule=rule,
@@ -139,7 +137,7 @@ def _config_jobs(args: argparse.Namespace) -> list[Job]:
     jobs = []
     for remote in config.remotes:
         passes = []
-        for spec in config.mappings:
+        for number, spec in enumerate(config.mappings, 1):
             mine = direction
             if spec.mapping.mode == UPLOAD_ONLY:
                 if direction is Direction.PULL:
@@ -147,8 +145,10 @@ def _config_jobs(args: argparse.Namespace) -> list[Job]:
                 mine = Direction.PUSH
             local = _local_root(spec.mapping.local)
             target = config.target(remote, spec)
-            opts = options_from(args, mine, local,
-                                [*spec.exclude, *config.nested_excludes(spec)])
+            where = f"{args.config} (mapping {number}"
+            opts = options_from(args, mine, local, [
+                (where + ")", spec.exclude),
+                (where + ", a nested mapping's root)", config.nested_excludes(spec))])
             passes.append((f"{target.label()}", local, target.path, opts))
         jobs.append(Job(config.target(remote, config.mappings[0]), passes))
     return jobs

@@ -18,6 +18,7 @@ an outer mapping's pass excludes the roots of the mappings nested inside it.
 from __future__ import annotations
 
 import posixpath
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,8 @@ class Config:
         for other in self.mappings:
             inner = posixpath.normpath(other.mapping.remote)
             if other is not spec and inner.startswith(root.rstrip("/") + "/"):
-                out.append("/" + inner[len(root) + 1 :] + "/")
+                # Escaped: a root's name is taken literally, never as a glob.
+                out.append("/" + re.sub(r"([\\*?\[])", r"\\\1", inner[len(root) + 1 :]) + "/")
         return out
 
 
@@ -82,7 +84,10 @@ def load_config(path: Path) -> Config:
             ) from None
         except ValueError as exc:
             raise UsageError(f"{path}: mapping {i + 1}: {exc}") from None
-        config.mappings.append(MappingSpec(mapping, tuple(entry.get("exclude", []))))
+        exclude = entry.get("exclude", [])
+        if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+            raise UsageError(f"{path}: mapping {i + 1}: set exclude = [\"PATTERN\", ...]")
+        config.mappings.append(MappingSpec(mapping, tuple(exclude)))
     if not config.mappings:
         raise UsageError(f"{path}: no [[mapping]] tables; add at least one")
     return config
