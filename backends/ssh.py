@@ -165,8 +165,8 @@ class SSHTerminal:
         local = Path(mapping.local).expanduser().resolve()
         # A terminal runs many passes on one connection (setup, sync before commands,
         # teardown): its trees stay watched in between, so a quiet pass walks nothing.
-        opts = Options(direction, ExcludeRule.build(self.exclude, root=local), self.state_dir,
-                       watch=True)
+        rule = ExcludeRule.build(self.exclude, root=local, source="SSHTerminal(exclude=...)")
+        opts = Options(direction, rule, self.state_dir, watch=True)
         return await run_pass(self._require(), local, mapping.remote, opts)
 
     def _require(self) -> Conduit:

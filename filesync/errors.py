@@ -38,3 +38,8 @@ class ConnectionLost(TransportError):
 
 class LockBusy(FilesyncError):
     """Another run holds the lock of the same (local, remote) pair."""
+
+
+class PatternError(UsageError):
+    """An invalid exclude pattern (exit code 2); the message names the pattern and where it
+    came from (``--exclude``, ``ROOT/.filesyncignore:LINE``, a config file's mapping)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,8 @@ class Config:
         for other in self.mappings:
             inner = posixpath.normpath(other.mapping.remote)
             if other is not spec and inner.startswith(root.rstrip("/") + "/"):
-                out.append("/" + inner[len(root) + 1 :] + "/")
+                # Escaped: a root's name is taken literally, never as a glob.
+                out.append("/" + re.sub(r"([\\*?\[])", r"\\\1", inner[len(root) + 1 :]) + "/")
         return out
 
 

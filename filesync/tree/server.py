@@ -84,7 +84,7 @@ class Server:
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
             return
         if reply["is_dir"]:
-            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            matcher = Matcher(req["names"], req["patterns"])
             entries, skipped, excluded = walk(root, matcher)
             reply.update(entries=entries, skipped=skipped, excluded=excluded)
             if req.get("delta") is True:
@@ -116,7 +116,7 @@ class Server:
         held = self.watched.pop(key)
         tree = held[1] if held is not None else None
         if tree is None:
-            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            matcher = Matcher(req["names"], req["patterns"])
             tree = WatchedTree.create(root, matcher)
             if tree is None:
                 return False
