@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from backends._session import RunResult, SessionPlan, ShellPlan, plan_session
-from backends.env import ShellInit
-from backends.home import detect_container
+from ._session import RunResult, SessionPlan, ShellPlan, plan_session
+from .env import ShellInit
+from .home import detect_container
 
 __all__ = ["BackgroundProcess", "LocalTerminal"]
 

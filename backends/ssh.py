@@ -19,9 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from backends._session import RunResult, ShellPlan
-from backends.env import ShellInit, parse_env0
-from backends.home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
 from filesync import (
     TWO_WAY,
     Conduit,
@@ -37,7 +34,11 @@ from filesync import (
     run_pass,
 )
 
-log = logging.getLogger("backends.ssh")
+from ._session import RunResult, ShellPlan
+from .env import ShellInit, parse_env0
+from .home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
+
+log = logging.getLogger(__name__)
 
 
 def _decode(data: bytes) -> str:

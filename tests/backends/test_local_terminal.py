@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import LocalTerminal, RunResult
-from backends._session import SnapshotError
+from filesync.backends import LocalTerminal, RunResult
+from filesync.backends._session import SnapshotError
 
 
 @dataclass(frozen=True)
