@@ -21,11 +21,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 _CONSUMER = """\
+from pathlib import Path
+
 from filesync.backends import LocalTerminal, SSHTerminal
 
 
 def make(host: str) -> SSHTerminal:
-    return SSHTerminal(host)
+    return SSHTerminal(host, identity="~/.ssh/id_ed25519", state_dir=Path("~/state"))
 
 
 local: type[LocalTerminal] = LocalTerminal
