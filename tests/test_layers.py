@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import filesync
@@ -32,8 +33,10 @@ LAYERS: dict[str, int] = {
     "backends": 9,
 }  # fmt: skip
 
-#: Installed package name -> repository folder (pyproject.toml's package-dir).
-FOLDERS = {"filesync": PKG, "filesync.backends": ROOT / "backends"}
+#: Installed package name -> repository folder: pyproject.toml's package-dir maps backends/.
+_PACKAGE_DIR = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+    "package-dir"]
+FOLDERS = {"filesync": PKG, **{name: ROOT / folder for name, folder in _PACKAGE_DIR.items()}}
 
 
 def _module_name(path: Path) -> str:
