@@ -29,11 +29,8 @@ def optional_local_path(value: StrPath | None) -> Path | None:
 
 
 def remote_path(value: StrPath, home: str) -> str:
-    """A path on the remote side, absolute: ``~`` and relative paths are under ``home``.
-
-    ``~user`` is not expanded (the remote's users are not known here) and is taken as a
-    relative name, as a remote shell that lacks that user would.
-    """
+    """A path on the remote side, made absolute: ``~`` and relative paths are under ``home``
+    (the remote HOME). ``~user`` is not expanded: the remote's users are not known here."""
     text = os.fspath(value)
     if text == "~" or text.startswith("~/"):
         text = home + text[1:]

@@ -11,8 +11,10 @@ Killing a command SIGKILLs its process group and every process carrying its tag,
 second channel of the same connection. A ``run`` that is cancelled (or timed out through
 ``asyncio.wait_for``) kills its command before the cancellation goes on. :meth:`Commands.close`
 kills every command still running and every process carrying the terminal's tag, whether it
-was started in the background or not. This needs the connection: after a lost connection
-nothing can reach the remote processes.
+was started in the background or not. The group of a command already waited for is not
+signalled (its number may belong to someone else by then): what it left behind goes by its
+tag, so only a leftover that also dropped its environment escapes. This needs the
+connection: after a lost connection nothing can reach the remote processes.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class Commands:
         """Start ``argv`` (with ``env``, see :meth:`command_line`) and read its pid record."""
         self._count += 1
         tag = f"{self._terminal}.{self._count}"
+        # A long session runs many commands: only the unfinished ones need a group kill.
+        self._started = [t for t in self._started if not t.ended]
         proc = await self._conduit.start(self.command_line(tag, argv, env))
         tracked = Tracked(proc, tag)
         self._started.append(tracked)
