@@ -9,6 +9,8 @@ The public API is what ``__all__`` names; everything else is internal and may ch
 - ``connect_ssh(SshTarget(...))`` opens an SSH conduit; ``Conduit``/``RemoteProcess`` are
   the protocols a custom transport implements;
 - ``ExcludeRule`` is the one exclusion rule; ``default_state_dir`` where state lives;
+- ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
+  together: the innermost mapping owns a path;
 - ``FilesyncError`` is the base of every expected failure (its message names the cause and
   the fix; ``exit_code`` is the CLI's), with one subclass per failure kind.
 
@@ -29,7 +31,7 @@ from filesync.errors import (
     TransportError,
     UsageError,
 )
-from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping
+from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping, nested_excludes
 from filesync.version import __version__
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ __all__ = [
     "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "Conduit", "ConnectionLost", "Direction",
     "ExcludeRule", "FilesyncError", "LockBusy", "Mapping", "Options", "RemoteProcess", "Report",
     "SafetyRefusal", "SshTarget", "TransportError", "UsageError", "__version__",
-    "connect_ssh", "default_state_dir", "drop_session", "profile_snippet", "run_pass",
+    "connect_ssh", "default_state_dir", "drop_session", "nested_excludes", "profile_snippet",
+    "run_pass",
 ]  # fmt: skip
 
 
