@@ -87,9 +87,14 @@ class PassSettings:
             max_file_size=self.max_file_size,
             max_pull_bytes=self.max_pull_bytes,
             log=log,
+            warn=_warn,
             progress=progress,
             watch=self.watch,
         )
+
+
+def _warn(message: str) -> None:
+    print(f"filesync: warning: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

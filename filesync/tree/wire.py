@@ -49,6 +49,7 @@ class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 befor
     - ``changed``: the target changed on the remote since it was listed;
     - ``torn``: the file changed while it was being read;
     - ``unreadable``: a directory could not be listed (``detail``: the OS error);
+    - ``too-large``: left out by a size limit of the run (``--max-file-size``);
     - ``os-error``: any other failure (``detail``: the OS error text).
     """
 
@@ -63,6 +64,7 @@ class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 befor
     CHANGED = "changed"
     TORN = "torn"
     UNREADABLE = "unreadable"
+    TOO_LARGE = "too-large"
     OS_ERROR = "os-error"
 
 
@@ -83,6 +85,7 @@ _TEXT = {
     Reason.CHANGED: "changed on the remote during the run",
     Reason.TORN: "changed while being read",
     Reason.UNREADABLE: "unreadable directory",
+    Reason.TOO_LARGE: "larger than --max-file-size",
     Reason.OS_ERROR: "failed",
 }
 
