@@ -141,7 +141,7 @@ remote = ".hermes/sk[i]lls*"
 """)
     config = load_config(cfg)
     nested = config.nested_excludes(config.mappings[0])
-    assert nested == ["/sk\\[i]lls\\*/"]
+    assert nested == ["/sk\\[i\\]lls\\*"]
     rule = ExcludeRule.build(nested, default_excludes=False)
     assert rule.excluded("sk[i]lls*", True)
     assert not rule.excluded("skills", True) and not rule.excluded("sk[i]lls-old", True)
