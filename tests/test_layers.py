@@ -24,9 +24,10 @@ LAYERS: dict[str, int] = {
     "host": 3,
     "endpoint": 4,
     "sync": 5,
-    "cli": 6,
-    "agent": 7,
-    "__init__": 8, "__main__": 8,
+    "session": 6,
+    "cli": 7,
+    "agent": 8,
+    "__init__": 9, "__main__": 9,
 }  # fmt: skip
 
 
