@@ -138,7 +138,8 @@ class AsyncSession:
         )
         self._rules = Rules(tuple(exclude), default_excludes)
         self.state_dir = state_dir_of(state_dir)
-        self._timeout = timeout
+        #: The bound on each call, in seconds (None: none); may be changed between calls.
+        self.timeout = timeout
         self._options = Options(Direction.PUSH, state_dir=self.state_dir, force=force,
                                 lock_timeout=lock_timeout or 0.0, max_file_size=max_file_size,
                                 max_pull_bytes=max_pull_bytes, log=log, watch=watch)
@@ -202,13 +203,13 @@ class AsyncSession:
         async with self._serial():
             if self._closed:
                 raise closed_error()
-            if self._timeout is None:
+            if self.timeout is None:
                 return await self._run(call, items)
             try:
-                return await asyncio.wait_for(self._run(call, items), self._timeout)
+                return await asyncio.wait_for(self._run(call, items), self.timeout)
             except TimeoutError:
                 raise SessionTimeout(
-                    f"the {call.value} took longer than timeout={self._timeout:g} s; call "
+                    f"the {call.value} took longer than timeout={self.timeout} s; call "
                     "again to continue (nothing was half-applied) or raise the timeout"
                 ) from None
 

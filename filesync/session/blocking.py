@@ -139,8 +139,9 @@ class Session:
 
     def _refuse_own_thread(self) -> None:
         if self._thread is not None and threading.current_thread() is self._thread:
-            raise UsageError("a Session was called from its own callback (log); call it "
-                             "from another thread, or use AsyncSession inside async code")
+            raise UsageError("a Session was called from its own loop (a log callback or a "
+                             "conduit factory); call it from another thread, or use "
+                             "AsyncSession inside async code")
 
     def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         self._refuse_own_thread()
