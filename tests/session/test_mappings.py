@@ -37,8 +37,8 @@ def test_inner_mappings_are_excluded_from_the_outer_on_either_side(tmp_path: Pat
 
 def test_the_rule_is_the_clis_for_the_clis_case() -> None:
     """The CLI's config rule (remote roots nested) excludes exactly what this one does."""
-    specs = [MappingSpec(Mapping("/l/a", ".hermes")), MappingSpec(Mapping("/l/b", ".hermes/skills")),
-             MappingSpec(Mapping("/l/c", ".hermes/skills/x")), MappingSpec(Mapping("/l/d", "other"))]
+    specs = [MappingSpec(Mapping(f"/l/{i}", remote)) for i, remote in
+             enumerate([".hermes", ".hermes/skills", ".hermes/skills/x", "other"])]
     config = Config(["host:"], specs)
     paths = [("skills", True), ("skills/y", False), ("skillsx", True), ("x", True),
              ("skills/x", True), ("x/skills", True)]
