@@ -4,7 +4,9 @@ CLI's, never a literal ``~`` directory."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path, PurePath
+from typing import Any
 
 import pytest
 from synctree import write
@@ -68,3 +70,21 @@ def test_the_default_follows_the_clis_environment(
     assert Session("~/box").state_dir == home / "xdg" / "filesync"
     monkeypatch.setenv("FILESYNC_STATE_DIR", "~/fs-state")
     assert Session("~/box").state_dir == home / "fs-state"
+
+
+@pytest.mark.sshd
+def test_ssh_config_and_identity_expand_tilde(box: Any, home: Path, tmp_path: Path) -> None:
+    # The copied config names no key: the login works only with the identity given.
+    lines = box.ssh_config.read_text().splitlines()
+    (home / "cfg").write_text("\n".join(ln for ln in lines if "IdentityFile" not in ln) + "\n")
+    shutil.copy2(box.client_key, home / "id")
+    (home / "id").chmod(0o600)
+    write(home / "d" / "f.md", "f\n")
+    try:
+        with Session(box.alias, ssh_config="~/cfg", identity=Spot("~/id"),
+                     state_dir="~/state") as s:
+            assert s.push(Mapping("~/d", "paths-test/d")).uploaded == 1
+        assert (box.home / "paths-test" / "d" / "f.md").read_text() == "f\n"
+        assert os.listdir(".") == []
+    finally:
+        shutil.rmtree(box.home / "paths-test", ignore_errors=True)

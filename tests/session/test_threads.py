@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Factory
+from sessionkit import Factory
 from synctree import snapshot, write
 
 import filesync.session.aio as aio
