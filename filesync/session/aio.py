@@ -241,7 +241,7 @@ class AsyncSession:
     async def _check(self, conduit: Conduit, spec: PassSpec) -> None:
         key = (spec.local_root, spec.remote_root)
         if key not in self._checked:
-            await refuse_self_sync(conduit, spec.local_root, spec.remote_root)
+            await refuse_self_sync(conduit, spec.local_root, spec.remote_root, self._log)
             self._checked.add(key)
 
     async def _pass(self, conduit: Conduit, spec: PassSpec, call: Call) -> Report:

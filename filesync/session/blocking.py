@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -77,8 +78,8 @@ class Session:
         self._closed = False
 
     @property
-    def state_dir(self) -> Any:
-        """Where the session keeps its state (``pathlib.Path``)."""
+    def state_dir(self) -> Path:
+        """Where the session keeps its state."""
         return self._impl.state_dir
 
     @property

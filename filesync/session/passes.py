@@ -114,7 +114,7 @@ async def plan_passes(
             continue
         remote_path = join_remote(base, m.remote)
         remote_root = endpoint.resolve_root(remote_path)
-        local = Path(m.local).resolve()
+        local = _local_path(m.local)
         patterns = [*rules.exclude, *m.exclude]
         if await _is_file(local, remote_root, endpoint):
             name = local.name
@@ -137,6 +137,16 @@ async def plan_passes(
             out.append(PassSpec(m, direction, local, remote_path, remote_root, None, rule,
                                 state_dir))
     return out
+
+
+def _local_path(text: str) -> Path:
+    """The mapping's local path with its parents resolved; the last part is resolved too
+    when it is a directory (as the CLI does), never when it is a symlink to a file (the
+    walk does not follow symlinks, so such a file could never sync)."""
+    path = Path(os.path.abspath(text))
+    if path.is_symlink() and not path.is_dir():
+        raise BadMapping(f"{text} is a symlink; map the file it points to")
+    return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
 def _build(patterns: list[str], rules: Rules, root: Path | None) -> ExcludeRule:

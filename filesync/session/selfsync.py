@@ -11,7 +11,9 @@ were one:
 - ``R/<last k parts of the local root>/nonce``: ``R`` contains the local root;
 - ``<k-th parent of R>/nonce``, lexically and through ``..``: ``R`` lies inside it.
 
-The nonce is removed in every case (``finally``). Its name is the engine's temp-file
+The nonce is removed in every case (``finally``). Where this process cannot write in the
+local tree (a read-only mount), the check is skipped: a pull into it fails as any write
+does, and a push from it is what the caller meant. Its name is the engine's temp-file
 form with this process's pid (``.filesync.PID.N.tmp``), so a concurrent scan of the
 same tree never syncs it and a walk after a crash removes it. Where the local root does
 not exist yet, its nearest existing parent carries the nonce and only the first two
@@ -21,13 +23,15 @@ checks apply (nothing can lie inside a tree that does not exist).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import secrets
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
-from filesync.errors import SelfSync, TransportError
+from filesync.errors import FilesyncError, SelfSync, TransportError
 from filesync.transport.base import Conduit
 
 
@@ -49,7 +53,10 @@ def candidates(local_root: Path, remote_root: str, nonce: str, inside: bool) -> 
     return out
 
 
-async def refuse_self_sync(conduit: Conduit, local_root: Path, remote_root: str) -> None:
+async def refuse_self_sync(
+    conduit: Conduit, local_root: Path, remote_root: str,
+    log: Callable[[str], None] | None = None,
+) -> None:
     """Raise ``SelfSync`` if ``remote_root`` (absolute, on ``conduit``'s side) is
     ``local_root``, contains it or lies inside it; changes nothing either way."""
     carrier = local_root
@@ -57,8 +64,17 @@ async def refuse_self_sync(conduit: Conduit, local_root: Path, remote_root: str)
         carrier = carrier.parent
     nonce = f".filesync.{os.getpid()}.{secrets.randbits(62)}.tmp"
     path = carrier / nonce
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.close(fd)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # A tree this process cannot write: a pull into it fails as any write does,
+            # and a push from it (a read-only credential mount) is what the caller meant.
+            if log is not None:
+                log(f"self-sync check skipped: cannot write in {carrier} ({exc.strerror})")
+            return
+        raise FilesyncError(f"cannot write the self-sync check file in {carrier}: "
+                            f"{exc.strerror}; check the local directory") from exc
     try:
         found = await _look(conduit, candidates(carrier, remote_root, nonce,
                                                 carrier == local_root))

@@ -20,6 +20,8 @@ def test_mode_is_validated_and_exclude_kept() -> None:
     m = Mapping("a", "b", "upload-only", exclude=["*.bak"])
     assert (m.mode, m.exclude) == ("upload-only", ("*.bak",))
     assert Mapping("a", "b") == Mapping("a", "b", "two-way")
+    with pytest.raises(ValueError, match="list of patterns"):
+        Mapping("a", "b", exclude="*.bak")
 
 
 def test_inner_mappings_are_excluded_from_the_outer_on_either_side(tmp_path: Path) -> None:

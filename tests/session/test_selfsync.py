@@ -104,3 +104,24 @@ def _remover(path: Path) -> Callable[[], None]:
     import shutil
 
     return lambda: shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_local_tree_that_cannot_be_written_is_pushed_unchecked(
+    tmp_path: Path, tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import filesync.session.selfsync as guard
+
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if os.path.basename(os.fspath(path)).startswith(".filesync.") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(guard.os, "open", read_only)
+    seen: list[str] = []
+    with Session(tmp_path / "mirror", state_dir=tmp_path / "state", log=seen.append) as s:
+        assert s.push(Mapping(tree, "project")).uploaded == 2
+    assert any("self-sync check skipped" in line for line in seen)

@@ -119,3 +119,11 @@ def test_state_is_apart_from_a_directory_mapping_of_the_parent(
         report = s.sync(Mapping(local, "cfg"))
     assert report.conflicts == []
     assert (local / "remote-only.txt").exists() and (remote / "sibling.txt").exists()
+
+
+def test_a_symlinked_file_is_refused(sides: tuple[Path, Path], state: Path) -> None:
+    local, remote = sides
+    (local / "link.json").symlink_to(local / "token.json")
+    with Session(remote.parent, state_dir=state) as s, pytest.raises(BadMapping):
+        s.push(Mapping(local / "link.json", "cfg/link.json"))
+    assert not (remote / "link.json").exists()
