@@ -9,9 +9,10 @@ import pytest
 from sessionkit import Factory
 from sshd import SshdContainer, sshd_available
 
-#: A private container for these tests, apart from the session-wide index 0 that other
-#: suites (run concurrently on this machine) may hold.
-SESSION_TESTS_SSHD_INDEX = 12
+#: Indexes for a private container of these tests, tried in order: apart from the
+#: session-wide index 0 and the ones other tests name, any may be held by a suite running
+#: concurrently on this machine (containers lock their index).
+SESSION_TESTS_SSHD_INDEXES = (12, 13, 14, 15, 11, 10)
 
 
 @pytest.fixture
@@ -37,9 +38,19 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdContainer]:
         if os.environ.get("CI"):
             pytest.fail(f"sshd container unavailable in CI: {reason}", pytrace=False)
         pytest.skip(f"sshd container unavailable: {reason}")
-    container = SshdContainer(tmp_path_factory.mktemp("session-sshd"),
-                              index=SESSION_TESTS_SSHD_INDEX)
-    container.start()
+    container = None
+    for index in SESSION_TESTS_SSHD_INDEXES:
+        candidate = SshdContainer(tmp_path_factory.mktemp(f"session-sshd{index}-"), index=index)
+        try:
+            candidate.start()
+        except RuntimeError as exc:
+            if "in use" not in str(exc):
+                raise
+            continue
+        container = candidate
+        break
+    if container is None:
+        pytest.fail(f"every sshd index of {SESSION_TESTS_SSHD_INDEXES} is in use", pytrace=False)
     try:
         yield container
     finally:
