@@ -12,6 +12,8 @@ Guarantees:
 - before any pass of ``push``, ``pull`` or ``sync`` runs, every mapping of the call is
   planned (``BadMapping``) and checked against self-sync (``SelfSync``): either refusal
   leaves both sides as they were. ``status`` runs the passes dry: nothing changes;
+- an ``AsyncSession`` belongs to the event loop of its first call (its connection does);
+  code without one loop for the session's life uses ``Session``;
 - passes run in mapping order and the first failure is raised (the passes before it are
   done and recorded); ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
   by it leaves nothing half-applied (the engine journals every change).
