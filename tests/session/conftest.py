@@ -9,10 +9,10 @@ import pytest
 from sessionkit import Factory
 from sshd import SshdContainer, sshd_available
 
-#: Indexes for a private container of these tests, tried in order: apart from the
-#: session-wide index 0 and the ones other tests name, any may be held by a suite running
-#: concurrently on this machine (containers lock their index).
-SESSION_TESTS_SSHD_INDEXES = (12, 13, 14, 15, 11, 10)
+#: Indexes for a private container of these tests, tried in order: none of them is named
+#: by another test (0 is the session-wide one; 1-9 and 12-14 belong to other modules), and
+#: a suite running concurrently on this machine may hold any (containers lock their index).
+SESSION_TESTS_SSHD_INDEXES = (15, 11, 10)
 
 
 @pytest.fixture
