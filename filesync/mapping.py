@@ -48,7 +48,9 @@ class Mapping:
             raise ValueError(
                 f"mapping mode {mode!r} is not valid; use {TWO_WAY!r} or {UPLOAD_ONLY!r}"
             )
-        patterns = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+        if isinstance(exclude, str):
+            raise ValueError("mapping exclude takes a list of patterns, not one string")
+        patterns = tuple(exclude)
         object.__setattr__(self, "local", os.path.expanduser(os.fspath(local)))
         object.__setattr__(self, "remote", os.fspath(remote))
         object.__setattr__(self, "mode", mode)

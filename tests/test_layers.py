@@ -27,10 +27,11 @@ LAYERS: dict[str, int] = {
     "host": 3,
     "endpoint": 4,
     "sync": 5,
-    "cli": 6,
-    "agent": 7,
-    "__init__": 8, "__main__": 8,
-    "backends": 9,
+    "session": 6,
+    "cli": 7,
+    "agent": 8,
+    "__init__": 9, "__main__": 9,
+    "backends": 10,
 }  # fmt: skip
 
 #: Installed package name -> repository folder: pyproject.toml's package-dir maps backends/.
