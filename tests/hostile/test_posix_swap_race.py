@@ -214,6 +214,8 @@ def test_deletions_under_a_swap_loop_never_remove_a_file_outside(box: SshdContai
         for top in (root / "sub", outside):
             write(top / name, f"{name}\n")
             os.utime(top / name, ns=(10**18, 10**18))
+    # Not deleted: ``sub`` never becomes empty, so it is never pruned under the swap loop.
+    write(root / "sub" / "keep.txt", "keep\n")
     (root / "link").symlink_to("/root/outside")
 
     async def go() -> list[Outcome]:
