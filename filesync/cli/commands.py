@@ -205,9 +205,7 @@ def _print_results(req: Request, results: list[PairResult], seconds: float) -> i
         return code
     for p in results:
         if isinstance(p.result, Report):
-            if many:
-                print(f"[{p.label}] ", end="")
-            _print_report(req, p.result)
+            _print_report(req, p.result, f"[{p.label}] " if many else "")
     return code
 
 
@@ -235,15 +233,16 @@ ITEM_MARKS = {
 }
 
 
-def _print_report(req: Request, report: Report) -> None:
-    """The human report of one pass; ``-v`` adds a line per file (README, docs/json.md)."""
+def _print_report(req: Request, report: Report, prefix: str = "") -> None:
+    """The human report of one pass, each line after ``prefix`` (the pair, when there are
+    several); ``-v`` adds a line per file (README, docs/json.md)."""
     if req.plan_only:
         for a in report.plan:
-            print(f"{plan_row(a)['action']:<28} {a.path}")
+            print(f"{prefix}{plan_row(a)['action']:<28} {a.path}")
         for c in report.open_conflicts:
-            print(f"{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
+            print(f"{prefix}{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
         if not report.plan and not report.open_conflicts:
-            print("in sync")
+            print(f"{prefix}in sync")
         return
     if req.output.quiet:
         return
@@ -251,17 +250,18 @@ def _print_report(req: Request, report: Report) -> None:
         # Every conflict has its saved copy in ``conflicts``, a push conflict's included.
         for change in report.changes:
             if change.action is not ChangeAction.CONFLICT:
-                print(f"{ITEM_MARKS[change.action]} {_shown(change.path)}")
+                print(f"{prefix}{ITEM_MARKS[change.action]} {_shown(change.path)}")
         for conflict in report.conflicts:
-            print(f"!conflict {_shown(conflict['path'])} -> {_shown(conflict['saved_to'])}")
+            print(f"{prefix}!conflict {_shown(conflict['path'])} -> "
+                  f"{_shown(conflict['saved_to'])}")
         for s in report.skipped:
-            print(f"skipped: {_shown(s.path)}: {_shown(s.reason)}")
+            print(f"{prefix}skipped: {_shown(s.path)}: {_shown(s.reason)}")
     else:
         for conflict in report.conflicts:
-            print(f"conflict: {conflict['path']} (remote version saved to "
+            print(f"{prefix}conflict: {conflict['path']} (remote version saved to "
                   f"{conflict['saved_to']})")
     print(
-        f"{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
+        f"{prefix}{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
         f"{report.deleted_remote} deleted remote, {report.deleted_local} deleted local, "
         f"{len(report.conflicts)} conflicts, {len(report.skipped)} skipped, "
         f"{report.excluded} excluded ({report.seconds:.2f} s)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,34 @@ def test_failures_keep_the_shape_and_add_error_and_exit_code(tmp_path: Path) -> 
     assert set(early) == TOP_KEYS | ERROR_KEYS and early["pairs"] == [] and early["files"] == []
 
 
+def _keys(value: Any) -> set[str]:
+    """Every key of every object in ``value``, at any depth."""
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_every_key_printed_is_documented(tmp_path: Path) -> None:
+    """docs/json.md names each key a run can print (one in backticks, or in a {...} list)."""
+    p = pushed(tmp_path)
+    write(p.remote / "a.txt", "remote!")
+    (p.local / "gone.txt").unlink()
+    bad = write(tmp_path / "a-file", "x")
+    seen: set[str] = set()
+    for extra in ((), ("--dry-run",)):
+        rc, out, _ = cli("push", str(p.local), str(p.remote), str(bad), "--json",
+                         "--state-dir", str(p.state), "--no-default-excludes", *extra)
+        assert rc == 1  # the second remote is a file: the error keys are printed too
+        seen |= _keys(json.loads(out))
+    assert {"files", "action", "saved_to", "plan", "error", "label"} <= seen  # all reached
+    text = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text()
+    documented = set(re.findall(r"`(\w+)`", text)) | {
+        k.strip() for group in re.findall(r"\{([\w, ]+)\}", text) for k in group.split(",")}
+    assert seen - documented == set()
+
+
 # --------------------------------------------------------------------------- -v
 
 
@@ -249,6 +278,17 @@ def test_verbose_itemizes_every_changed_file_on_stdout(tmp_path: Path) -> None:
     out = p.lines("pull", "-v")
     assert out[:2] == ["<f b/c.txt", "<*deleting new.bin"]
     assert out[2].startswith("!conflict a.txt -> ") and out[3].startswith("pull: ")
+
+
+def test_a_fan_out_itemizes_each_pair_under_its_label(tmp_path: Path) -> None:
+    p = Pair(tmp_path)
+    write(p.local / "x.txt", "x")
+    r0, r1 = str(tmp_path / "r0"), str(tmp_path / "r1")
+    rc, out, err = cli("push", str(p.local), r0, r1, "-v", "--state-dir", str(p.state))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert [line for line in lines if ">f" in line] == [f"[{r0}] >f x.txt", f"[{r1}] >f x.txt"]
+    assert all(line.startswith((f"[{r0}] ", f"[{r1}] ")) for line in lines)
 
 
 def test_quiet_and_json_print_no_item_lines(tmp_path: Path) -> None:
