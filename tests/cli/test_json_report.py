@@ -130,6 +130,10 @@ def test_sync_lists_both_directions_and_nothing_for_agreeing_sides(tmp_path: Pat
                           ("r/r.txt", "download", 12)]
     counts = [doc[k] for k in ("uploaded", "downloaded", "deleted_remote", "deleted_local")]
     assert counts == [1, 1, 1, 1] and len(doc["conflicts"]) == 1
+    # Settling the conflict is one download; the other files are in sync by now.
+    settled = p.json("resolve", "a.txt", "--keep", "remote")
+    assert files(settled) == [("a.txt", "download", 2)] and settled["conflicts"] == []
+    assert (p.local / "a.txt").read_text() == "RR"
 
 
 def test_a_dry_run_lists_no_file_and_carries_the_plan(tmp_path: Path) -> None:
