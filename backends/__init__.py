@@ -5,9 +5,9 @@ Debian's ``/etc/profile`` throws away, and applies the HOME mode to its children
 ``docs/terminal.md``.
 """
 
-from backends._session import RunResult
-from backends.env import restore_path
-from backends.local import LocalTerminal
-from backends.ssh import SSHTerminal
+from ._session import RunResult
+from .env import restore_path
+from .local import LocalTerminal
+from .ssh import SSHTerminal
 
 __all__ = ["LocalTerminal", "RunResult", "SSHTerminal", "restore_path"]

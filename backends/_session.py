@@ -13,20 +13,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.env import (
+from filesync import FilesyncError
+
+from .env import (
     ShellInit,
     background_command,
     parse_snapshot,
     snapshot_script,
 )
-from backends.home import (
+from .home import (
     USER_BUS_VARS,
     child_env,
     home_mode_from_env,
     sandbox_bin_dir,
     sandbox_env,
 )
-from filesync import FilesyncError
 
 __all__ = [
     "RunResult",

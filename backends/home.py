@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from backends.env import path_entries
+from .env import path_entries
 
 __all__ = [
     "HOME_MODES",

@@ -8,12 +8,12 @@ import os
 import shutil
 import signal
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 
-from backends._session import RunResult, SessionPlan, ShellPlan, plan_session
-from backends.env import ShellInit
-from backends.home import detect_container
+from ._paths import StrPath, optional_local_path
+from ._session import RunResult, SessionPlan, ShellPlan, plan_session
+from .env import ShellInit
+from .home import detect_container
 
 __all__ = ["BackgroundProcess", "LocalTerminal"]
 
@@ -73,28 +73,30 @@ class LocalTerminal:
     ``$TERMINAL_HOME_MODE`` from that environment, else ``auto``. ``env_overrides`` are values the
     caller sets explicitly (e.g. TMPDIR); they win over HOME-mode rules. ``sandbox_dir`` turns on
     the eval sandbox (crontab shim first on PATH, user-bus variables removed); pair it with
-    ``home_mode="profile"``. ``in_container`` None means detect.
+    ``home_mode="profile"``. ``in_container`` None means detect. Path parameters
+    (``profile_home``, ``sandbox_dir``, ``cwd``) take ``str`` or ``os.PathLike[str]`` and expand
+    ``~`` like :func:`os.path.expanduser`.
     """
 
     def __init__(
         self,
         home_mode: str | None = None,
-        profile_home: Path | None = None,
+        profile_home: StrPath | None = None,
         shell_init_files: Sequence[str] | None = None,
         auto_source_bashrc: bool = True,
-        sandbox_dir: Path | None = None,
+        sandbox_dir: StrPath | None = None,
         env: Mapping[str, str] | None = None,
         *,
-        cwd: str | os.PathLike[str] | None = None,
+        cwd: StrPath | None = None,
         in_container: bool | None = None,
         env_overrides: Mapping[str, str] | None = None,
     ) -> None:
         self._home_mode = home_mode
-        self._profile_home = profile_home
+        self._profile_home = optional_local_path(profile_home)
         self._init = ShellInit(auto_source_bashrc, shell_init_files)
-        self._sandbox_dir = sandbox_dir
+        self._sandbox_dir = optional_local_path(sandbox_dir)
         self._launch_env = dict(os.environ if env is None else env)
-        self._cwd = cwd
+        self._cwd = optional_local_path(cwd)
         self._in_container = in_container
         self._overrides = dict(env_overrides or {})
         self._plan: SessionPlan | None = None
@@ -145,7 +147,7 @@ class LocalTerminal:
         self,
         cmd: str,
         *,
-        cwd: str | os.PathLike[str] | None = None,
+        cwd: StrPath | None = None,
         input: str | None = None,
     ) -> RunResult:
         """Run ``cmd`` with ``bash -c`` in the snapshot env and wait for it.
@@ -156,11 +158,12 @@ class LocalTerminal:
         _, snapshot = self._require()
         data = None if input is None else input.encode()
         argv = ShellPlan.foreground_argv(cmd)
-        code, out, err = await self._exec(argv, snapshot, cwd or self._cwd, data)
+        where = optional_local_path(cwd) or self._cwd
+        code, out, err = await self._exec(argv, snapshot, where, data)
         return RunResult(code, _decode(out), _decode(err))
 
     async def spawn(
-        self, cmd: str, *, cwd: str | os.PathLike[str] | None = None
+        self, cmd: str, *, cwd: StrPath | None = None
     ) -> BackgroundProcess:
         """Start ``cmd`` in the background as ``bash -lic '<prelude>\\n<cmd>'``.
 
@@ -168,7 +171,8 @@ class LocalTerminal:
         restore), so it finds the same tools as :meth:`run`. Stdin is /dev/null.
         """
         plan, _ = self._require()
-        proc = await self._start(plan.shell.background_argv(cmd), plan.env, cwd or self._cwd)
+        argv = plan.shell.background_argv(cmd)
+        proc = await self._start(argv, plan.env, optional_local_path(cwd) or self._cwd)
         handle = BackgroundProcess(proc)
         self._background.append(handle)
         return handle

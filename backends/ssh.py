@@ -1,27 +1,30 @@
 """``SSHTerminal``: run an agent's commands on a remote host, with its trees synced.
 
-Setup connects once (the user's OpenSSH config, host-key checks), pushes every
-mapping, and snapshots the environment of one remote login shell with the launch
-PATH restored. Commands then run over the same connection. Leaving the block is
-the teardown hook: the two-way mappings are pulled back (remote bookkeeping trees
-stay remote), then the connection closes. Teardown runs even when the block raised;
-a sync-back failure is logged and kept in ``sync_back_errors``, never raised over
-the block's own exception, and leaves nothing half-applied (the pull is journaled).
+Setup refuses a mapping whose local root is missing (before connecting), connects once
+(the user's OpenSSH config, host-key checks), pushes every mapping, and snapshots the
+environment of one remote login shell with the launch PATH restored. Commands then run over
+the same connection. Leaving the block is the teardown hook: every remote process the
+terminal started is killed (background, cancelled or timed-out commands alike: see
+``_remote.py``), the two-way mappings are pulled back (remote bookkeeping trees stay
+remote), then the connection closes. Teardown runs even when the block raised; a sync-back
+failure is logged and kept in ``sync_back_errors``, never raised over the block's own
+exception, and leaves nothing half-applied (the pull is journaled).
+
+Mappings synced together follow one ownership rule, :func:`filesync.mapping.nested_excludes`:
+the innermost mapping owns a path, so an outer mapping's passes leave an inner one's files
+alone on both sides.
 """
 
 from __future__ import annotations
 
 import logging
-import posixpath
+import os
 import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from backends._session import RunResult, ShellPlan
-from backends.env import ShellInit, parse_env0
-from backends.home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
 from filesync import (
     TWO_WAY,
     Conduit,
@@ -30,14 +33,20 @@ from filesync import (
     FilesyncError,
     Mapping,
     Options,
-    RemoteProcess,
     Report,
     default_state_dir,
     drop_session,
+    nested_excludes,
     run_pass,
 )
 
-log = logging.getLogger("backends.ssh")
+from ._paths import StrPath, local_path, optional_local_path, remote_path
+from ._remote import TAG_VAR, Commands, Tracked
+from ._session import RunResult, ShellPlan
+from .env import ShellInit, parse_env0
+from .home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
+
+log = logging.getLogger(__name__)
 
 
 def _decode(data: bytes) -> str:
@@ -47,60 +56,67 @@ def _decode(data: bytes) -> str:
 class RemoteBackground:
     """A background command on the remote; ``await wait()`` for its result."""
 
-    def __init__(self, proc: RemoteProcess) -> None:
-        self._proc = proc
+    def __init__(self, tracked: Tracked, commands: Commands) -> None:
+        self._tracked = tracked
+        self._commands = commands
 
     async def wait(self) -> RunResult:
-        out = bytearray()
-        while chunk := await self._proc.read(1 << 16):
-            out += chunk
-        code = await self._proc.wait()
-        return RunResult(code, _decode(bytes(out)), _decode(await self._proc.read_stderr()))
+        """Wait for the command to end; its status (negative: killed) and all its output."""
+        done = await self._tracked.complete()
+        return RunResult(done.returncode, _decode(done.stdout), _decode(done.stderr))
 
     def kill(self) -> None:
-        self._proc.kill()
+        """SIGKILL the command and whatever it started on the remote; does not wait."""
+        self._commands.kill_soon(self._tracked)
 
 
 class SSHTerminal:
-    """An async context manager: a remote terminal session with sync at setup and teardown."""
+    """An async context manager: a remote terminal session with sync at setup and teardown.
+
+    Local path parameters (``ssh_config``, ``identity``, ``state_dir``, ``Mapping.local``)
+    take ``str`` or ``os.PathLike[str]`` and expand ``~`` on this machine; ``profile_home``
+    is a path on the remote, where ``~`` and relative paths are under the remote HOME.
+    """
 
     def __init__(
         self,
         host: str,
-        ssh_config: Path | str | None = None,
+        ssh_config: StrPath | None = None,
         mappings: Sequence[Mapping] = (),
         home_mode: str | None = "auto",
         *,
         user: str | None = None,
         port: int | None = None,
-        identity: Path | None = None,
-        profile_home: str | None = None,
+        identity: StrPath | None = None,
+        profile_home: StrPath | None = None,
         shell_init_files: list[str] | None = None,
         auto_source_bashrc: bool = True,
         sync_before_run: bool = False,
         sync_interval: float = 5.0,
-        state_dir: Path | None = None,
+        state_dir: StrPath | None = None,
         exclude: Sequence[str] = (),
         accept_new_host_key: bool = False,
     ) -> None:
         self.host, self.user, self.port = host, user, port
-        self.ssh_config = Path(ssh_config) if ssh_config is not None else None
-        self.identity = identity
+        self.ssh_config = optional_local_path(ssh_config)
+        self.identity = optional_local_path(identity)
         self.mappings = list(mappings)
         self.home_mode = home_mode
-        self.profile_home = profile_home
+        self.profile_home = None if profile_home is None else os.fspath(profile_home)
         self.init = ShellInit(auto_source_bashrc, shell_init_files)
         self.sync_before_run = sync_before_run
         self.sync_interval = sync_interval
-        self.state_dir = state_dir or default_state_dir()
+        self.state_dir = local_path(state_dir) if state_dir is not None else default_state_dir()
         self.exclude = list(exclude)
         self.accept_new_host_key = accept_new_host_key
         self.env: dict[str, str] = {}
+        self._base_env: dict[str, str] = {}
         self._child_env: dict[str, str] = {}
         self.shell: ShellPlan | None = None
         self.sync_back_errors: list[FilesyncError] = []
         self.reports: list[Report] = []
         self._conduit: Conduit | None = None
+        self._commands: Commands | None = None
         self._last_push = 0.0
 
     # -- setup and teardown -----------------------------------------------------
@@ -109,24 +125,21 @@ class SSHTerminal:
         from filesync import SshTarget
         from filesync import connect_ssh as connect
 
-        for mapping in self.mappings:
-            # Refused before connecting: the setup push would only fail later, half done.
-            if not Path(mapping.local).expanduser().exists():
-                raise FilesyncError(
-                    f"the local root {mapping.local} of mapping {mapping.local} -> "
-                    f"{mapping.remote} does not exist; create it or fix the mapping"
-                )
+        self._check_local_roots()
         self._conduit = await connect(
             SshTarget(self.host, self.user, self.port), ssh_config=self.ssh_config,
             identity=self.identity, accept_new_host_key=self.accept_new_host_key,
         )
+        self._commands = Commands(self._conduit)
         try:
+            # The session's own environment before any profile ran: the launch PATH, HOME.
+            base = await self._commands.run(["env", "-0"], None)
+            self._base_env = parse_env0(_decode(base.stdout))
+            self._base_env.pop(TAG_VAR, None)
             await self.push()
             await self._snapshot()
         except BaseException:
-            await drop_session(self._conduit, polite=False)
-            await self._conduit.close()
-            self._conduit = None
+            await self._close(polite=False)
             raise
         return self
 
@@ -137,12 +150,36 @@ class SSHTerminal:
         tb: TracebackType | None,
     ) -> None:
         try:
+            await self._kill_commands()  # nothing may still write into a tree being pulled
             await self.sync_back()
         finally:
-            if self._conduit is not None:
-                await drop_session(self._conduit)
-                await self._conduit.close()
-                self._conduit = None
+            await self._close(polite=True)
+
+    async def _kill_commands(self) -> None:
+        commands, self._commands = self._commands, None
+        if commands is not None:
+            try:
+                await commands.close()
+            except FilesyncError as exc:
+                log.warning("could not kill the remote commands: %s", exc)
+
+    async def _close(self, *, polite: bool) -> None:
+        await self._kill_commands()
+        if self._conduit is not None:
+            conduit, self._conduit = self._conduit, None
+            try:
+                await drop_session(conduit, polite=polite)
+            finally:
+                await conduit.close()
+
+    def _check_local_roots(self) -> None:
+        # Refused before connecting: the setup push would only fail later, half done.
+        for mapping in self.mappings:
+            if not os.path.exists(mapping.local):
+                raise FilesyncError(
+                    f"the local root {mapping.local} of mapping {mapping.local} -> "
+                    f"{mapping.remote} does not exist; create it or fix the mapping"
+                )
 
     async def push(self) -> None:
         """Push every mapping (two-way and upload-only) over the session's connection."""
@@ -162,11 +199,17 @@ class SSHTerminal:
                 self.sync_back_errors.append(exc)
 
     async def _pass(self, mapping: Mapping, direction: Direction) -> Report:
-        local = Path(mapping.local).expanduser().resolve()
+        local = Path(mapping.local).resolve()
+        home = self._base_env.get("HOME", "/")
+        inner = nested_excludes(mapping, self.mappings,
+                                remote_root=lambda p: remote_path(p, home))
+        rule = ExcludeRule.build(
+            self.exclude, root=local, source="SSHTerminal(exclude=...)",
+            more=[(f"Mapping({mapping.local!r}).exclude", mapping.exclude),
+                  ("a nested mapping's root", inner)])
         # A terminal runs many passes on one connection (setup, sync before commands,
         # teardown): its trees stay watched in between, so a quiet pass walks nothing.
-        opts = Options(direction, ExcludeRule.build(self.exclude, root=local), self.state_dir,
-                       watch=True)
+        opts = Options(direction, rule, self.state_dir, watch=True)
         return await run_pass(self._require(), local, mapping.remote, opts)
 
     def _require(self) -> Conduit:
@@ -174,49 +217,59 @@ class SSHTerminal:
             raise FilesyncError("the SSH terminal is not open; use it as 'async with'")
         return self._conduit
 
+    def _require_commands(self) -> Commands:
+        if self._commands is None:
+            raise FilesyncError("the SSH terminal is not open; use it as 'async with'")
+        return self._commands
+
     # -- environment ------------------------------------------------------------
 
     async def _snapshot(self) -> None:
-        conduit = self._require()
-        # The session's own environment before any profile ran: the launch PATH.
-        base = parse_env0(_decode((await conduit.run("env -0")).stdout))
+        commands = self._require_commands()
+        base = self._base_env
         mode = home_mode_from_env(self.home_mode, base)
         real_home = base.get("HOME", "/")
-        profile = Path(self.profile_home or posixpath.join(real_home, ".local/state/filesync/home"))
+        profile = Path(remote_path(self.profile_home or ".local/state/filesync/home", real_home))
         # SSH targets are hosts, so "auto" keeps the real HOME there.
         env = child_env(base, mode, profile_home=profile, in_container=False, create_dirs=False)
         if resolve_home_mode(mode, False) == "profile":
             home, scratch = profile_dirs(profile)
-            await conduit.run(f"mkdir -p {shlex.quote(str(home))} && mkdir -p -m 700 "
-                              f"{shlex.quote(str(scratch))}")
+            script = (f"mkdir -p {shlex.quote(str(home))} && "
+                      f"mkdir -p -m 700 {shlex.quote(str(scratch))}")
+            await commands.run(["sh", "-c", script], None)
         self._child_env = env
         files = tuple(self.init.files(env["HOME"], env, lambda _p: True))
         self.shell = ShellPlan(env.get("PATH", ""), files)
-        done = await conduit.run(self._with_env(env, self.shell.snapshot_argv()))
-        self.env = ShellPlan.read_snapshot(done.returncode, done.stdout, done.stderr)
-
-    @staticmethod
-    def _with_env(env: dict[str, str], argv: list[str]) -> str:
-        assignments = [f"{k}={v}" for k, v in sorted(env.items()) if "=" not in k]
-        return shlex.join(["env", "-i", *assignments, *argv])
+        done = await commands.run(self.shell.snapshot_argv(), env)
+        snapshot = ShellPlan.read_snapshot(done.returncode, done.stdout, done.stderr)
+        snapshot.pop(TAG_VAR, None)
+        self.env = snapshot
 
     # -- commands ---------------------------------------------------------------
 
     async def run(self, cmd: str) -> RunResult:
-        """Run ``cmd`` with the session's snapshot env and wait for it."""
+        """Run ``cmd`` with the session's snapshot env and wait for it.
+
+        Cancelling the call (``task.cancel()``, ``asyncio.wait_for``) kills the command and
+        whatever it started on the remote before the cancellation propagates.
+        """
         await self._maybe_push()
-        done = await self._require().run(self._with_env(self.env, ShellPlan.foreground_argv(cmd)))
+        argv = ShellPlan.foreground_argv(cmd)
+        done = await self._require_commands().run(argv, self.env)
         return RunResult(done.returncode, _decode(done.stdout), _decode(done.stderr))
 
     async def spawn(self, cmd: str) -> RemoteBackground:
-        """Start ``cmd`` in the background as ``bash -lic`` with the PATH restore in front."""
+        """Start ``cmd`` in the background as ``bash -lic`` with the PATH restore in front.
+
+        It is killed, with whatever it started, when the terminal closes.
+        """
         if self.shell is None:
             raise FilesyncError("the SSH terminal is not open; use it as 'async with'")
         await self._maybe_push()
-        argv = self.shell.background_argv(cmd)
-        proc = await self._require().start(self._with_env(self._child_env, argv))
-        await proc.write_eof()
-        return RemoteBackground(proc)
+        commands = self._require_commands()
+        tracked = await commands.start(self.shell.background_argv(cmd), self._child_env)
+        await tracked.proc.write_eof()
+        return RemoteBackground(tracked, commands)
 
     async def _maybe_push(self) -> None:
         if self.sync_before_run and time.monotonic() - self._last_push >= self.sync_interval:

@@ -2,13 +2,18 @@
 
 The public API is what ``__all__`` names; everything else is internal and may change.
 
-- ``Mapping`` describes one synced tree (``TWO_WAY`` or ``UPLOAD_ONLY``);
+- ``Session`` (blocking, any thread) and ``AsyncSession`` push, pull, sync and report the
+  status of ``Mapping``s over one kept connection, returning a ``SessionReport``; this is
+  the API for agent frameworks (``docs/library.md``);
+- ``Mapping`` describes one synced tree or file (``TWO_WAY`` or ``UPLOAD_ONLY``);
 - ``run_pass`` runs one pass (push, pull or sync: ``Direction``) of one local root against
   one remote root over a ``Conduit``, with ``Options``, and returns a ``Report``;
   ``drop_session`` ends the remote helper a conduit keeps between passes;
 - ``connect_ssh(SshTarget(...))`` opens an SSH conduit; ``Conduit``/``RemoteProcess`` are
   the protocols a custom transport implements;
 - ``ExcludeRule`` is the one exclusion rule; ``default_state_dir`` where state lives;
+- ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
+  together: the innermost mapping owns a path;
 - ``FilesyncError`` is the base of every expected failure (its message names the cause and
   the fix; ``exit_code`` is the CLI's), with one subclass per failure kind.
 
@@ -22,14 +27,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from filesync.errors import (
+    BadMapping,
     ConnectionLost,
     FilesyncError,
     LockBusy,
+    PatternError,
     SafetyRefusal,
+    SelfSync,
+    SessionClosed,
+    SessionTimeout,
     TransportError,
     UsageError,
 )
-from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping
+from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping, nested_excludes
 from filesync.version import __version__
 
 if TYPE_CHECKING:
@@ -38,7 +48,8 @@ if TYPE_CHECKING:
     from filesync.endpoint.connect import drop_session
     from filesync.host.state import default_state_dir
     from filesync.profile_d import profile_snippet
-    from filesync.sync.engine import Options, Report, run_pass
+    from filesync.session import AsyncSession, Session, SessionReport
+    from filesync.sync.engine import Options, Report, TransferFailed, run_pass
     from filesync.transport.base import Conduit, RemoteProcess
     from filesync.transport.ssh.conduit import SshTarget
     from filesync.transport.ssh.conduit import connect as connect_ssh
@@ -51,6 +62,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "drop_session": ("filesync.endpoint.connect", "drop_session"),
     "default_state_dir": ("filesync.host.state", "default_state_dir"),
     "profile_snippet": ("filesync.profile_d", "profile_snippet"),
+    "AsyncSession": ("filesync.session", "AsyncSession"),
+    "Session": ("filesync.session", "Session"),
+    "SessionReport": ("filesync.session", "SessionReport"),
+    "TransferFailed": ("filesync.sync.engine", "TransferFailed"),
     "Options": ("filesync.sync.engine", "Options"),
     "Report": ("filesync.sync.engine", "Report"),
     "run_pass": ("filesync.sync.engine", "run_pass"),
@@ -61,10 +76,12 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "Conduit", "ConnectionLost", "Direction",
-    "ExcludeRule", "FilesyncError", "LockBusy", "Mapping", "Options", "RemoteProcess", "Report",
-    "SafetyRefusal", "SshTarget", "TransportError", "UsageError", "__version__",
-    "connect_ssh", "default_state_dir", "drop_session", "profile_snippet", "run_pass",
+    "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "AsyncSession", "BadMapping", "Conduit",
+    "ConnectionLost", "Direction", "ExcludeRule", "FilesyncError", "LockBusy", "Mapping",
+    "Options", "PatternError", "RemoteProcess", "Report", "SafetyRefusal", "SelfSync",
+    "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
+    "TransferFailed", "TransportError", "UsageError", "__version__", "connect_ssh",
+    "default_state_dir", "drop_session", "nested_excludes", "profile_snippet", "run_pass",
 ]  # fmt: skip
 
 

@@ -38,3 +38,26 @@ class ConnectionLost(TransportError):
 
 class LockBusy(FilesyncError):
     """Another run holds the lock of the same (local, remote) pair."""
+
+
+class PatternError(UsageError):
+    """An invalid exclude pattern (exit code 2); the message names the pattern and where it
+    came from (``--exclude``, ``ROOT/.filesyncignore:LINE``, a config file's mapping)."""
+
+
+class BadMapping(UsageError):
+    """A mapping that cannot be synced as written (exit code 2), such as a single file
+    whose remote side names a different file."""
+
+
+class SelfSync(SafetyRefusal):
+    """The remote root is the local root, contains it or lies inside it: the same tree
+    reached twice (localhost, a shared mount). Refused before anything changed (exit 3)."""
+
+
+class SessionClosed(FilesyncError):
+    """A ``Session`` or ``AsyncSession`` was used after ``close()``; open a new one."""
+
+
+class SessionTimeout(FilesyncError):
+    """A session call took longer than its ``timeout``; nothing was half-applied."""

@@ -98,3 +98,14 @@ def sshd_factory(
 # ============================================================================================
 # end of sshd fixtures
 # ============================================================================================
+
+
+# Hypothesis measures the machine's speed by default: an example slower than 200 ms fails
+# (the deadline), and so does slow input generation (the too_slow health check). No test
+# may depend on how fast the machine is, so neither applies anywhere. A test's own
+# ``suppress_health_check`` replaces this list: it must name ``too_slow`` as well.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("any-speed", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("any-speed")

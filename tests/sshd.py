@@ -70,8 +70,10 @@ _INSIDE_ENV = {
     "HOME": "/root",
     "LANG": "C.UTF-8",
 }
-_START_TIMEOUT = 10.0
-_STOP_TIMEOUT = 5.0
+# Deadlines of waits that end as soon as their condition holds: generous, so that a loaded
+# machine (scripts/dev test-under-load) is slow, never a failure.
+_START_TIMEOUT = 60.0
+_STOP_TIMEOUT = 30.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,7 +103,7 @@ def sshd_available() -> tuple[bool, str]:
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=10,
+            timeout=_START_TIMEOUT,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -453,9 +455,10 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
     def stop(self) -> None:
         """Stop sshd and everything in its namespaces; remove the veth pair.  Idempotent.
 
-        PID 1 inside gets SIGTERM (SIGKILL after 5 s); once it is gone the kernel has killed
-        every other process of the pid namespace.  Afterwards no process of this container is
-        alive, ``fsv<index>h`` and the subnet's fallback route are gone and the index is free.
+        PID 1 inside gets SIGTERM (SIGKILL if it is still there after ``_STOP_TIMEOUT``);
+        once it is gone the kernel has killed every other process of the pid namespace.
+        Afterwards no process of this container is alive, ``fsv<index>h`` and the subnet's
+        fallback route are gone and the index is free.
         Takes ~0.025 s.  A container that never started, or a second call, touches nothing.
         """
         self._teardown(graceful=True)
@@ -754,6 +757,11 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
         listening sshd stays, so new connections are accepted right away.  The kernel
         closes the killed connections' sockets, so clients see the connection drop (OpenSSH's
         ``ssh`` exits 255).  Returns after all killed processes are gone.
+
+        A cut, never a command's end: every victim is stopped before any is killed, so no
+        sshd is left running to tell its client that the command it serves died first
+        (one killed in between would, on a loaded machine, and the client would then see
+        the command end instead of the connection drop).
         """
         self._require_running()
         table = _process_table()
@@ -761,8 +769,9 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
         victims: set[int] = set(sessions)
         for pid in sessions:
             victims |= _descendants(pid, table)
-        for pid in victims:
-            _signal(pid, signal.SIGKILL)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                _signal(pid, sig)
         if not _wait_dead(victims, _STOP_TIMEOUT):
             raise RuntimeError(f"{self.alias}: session processes survived SIGKILL")
         return len(sessions)

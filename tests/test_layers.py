@@ -1,14 +1,17 @@
 """The package's structure, held against the code: layers, cycles, sizes, the shipped subpackage.
 
 Read from the import statements of every module, those inside functions included (a lazy
-import is still a dependency). The layers, bottom up, are the folders of ``filesync/``;
-``docs/design.md`` draws the same picture.
+import is still a dependency). The layers, bottom up, are the folders of ``filesync/``, then
+the terminal backends: the folder ``backends/`` installs as ``filesync.backends`` (the build
+configuration maps it; tests/test_packaging.py checks the wheel) and is the top layer, so
+nothing in ``filesync/`` imports it. ``docs/design.md`` draws the same picture.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import filesync
@@ -24,39 +27,55 @@ LAYERS: dict[str, int] = {
     "host": 3,
     "endpoint": 4,
     "sync": 5,
-    "cli": 6,
-    "agent": 7,
-    "__init__": 8, "__main__": 8,
+    "session": 6,
+    "cli": 7,
+    "agent": 8,
+    "__init__": 9, "__main__": 9,
+    "backends": 10,
 }  # fmt: skip
+
+#: Installed package name -> repository folder: pyproject.toml's package-dir maps backends/.
+_PACKAGE_DIR = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+    "package-dir"]
+FOLDERS = {"filesync": PKG, **{name: ROOT / folder for name, folder in _PACKAGE_DIR.items()}}
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package, root = next((n, f) for n, f in FOLDERS.items() if path.is_relative_to(f))
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+MODULES = {_module_name(p): p for f in FOLDERS.values() for p in sorted(f.rglob("*.py"))}
 
 
-def _imports(path: Path) -> set[str]:
-    """Every filesync module ``path`` imports, at any depth of its code."""
-    out: set[str] = set()
+def _imported_names(module: str, path: Path) -> list[str]:
+    """Every module name ``path`` (the module ``module``) imports, relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
             # ``from filesync.tree import server`` imports the module filesync.tree.server
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
-                     else node.module for a in node.names]
-        else:
-            continue
-        out.update(n for n in names if n == "filesync" or n.startswith("filesync."))
-    return out - {_module_name(path)}
+            out += [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                    for a in node.names]
+    return out
 
 
-GRAPH = {name: _imports(path) for name, path in MODULES.items()}
+def _imports(module: str, path: Path) -> set[str]:
+    """Every filesync module ``path`` imports, at any depth of its code."""
+    names = _imported_names(module, path)
+    return {n for n in names if n == "filesync" or n.startswith("filesync.")} - {module}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _layer(module: str) -> int:
@@ -130,19 +149,30 @@ def test_the_bundle_holds_every_module_of_the_shipped_subpackage() -> None:
     assert set(sources()) == {m for m in MODULES if m.startswith("filesync.tree")}
 
 
+def test_the_backends_are_the_top_layer_of_the_installed_package() -> None:
+    backends = {m for m in MODULES if m.split(".")[:2] == ["filesync", "backends"]}
+    assert "filesync.backends" in backends and "filesync.backends.ssh" in backends
+    assert {_layer(m) for m in backends} == {max(LAYERS.values())}
+    # The package's face loads its names lazily: the table must not reach the backends either.
+    assert [m for m, _ in filesync._LAZY.values() if m.startswith("filesync.backends")] == []
+
+
 def test_backends_import_only_the_public_api() -> None:
+    """Their own modules, and from filesync only names of ``filesync.__all__``."""
     bad: list[str] = []
-    for path in sorted((ROOT / "backends").rglob("*.py")):
+    for module, path in MODULES.items():
+        if not module.startswith("filesync.backends"):
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                bad += [f"{path.name}: import {a.name}" for a in node.names
-                        if a.name.startswith("filesync")]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.startswith("filesync."):
-                    bad.append(f"{path.name}: from {node.module}")
-                elif node.module == "filesync":
-                    bad += [f"{path.name}: {a.name}" for a in node.names
-                            if a.name not in filesync.__all__]
+            if isinstance(node, ast.ImportFrom) and node.module == "filesync" and not node.level:
+                bad += [f"{path.name}: {a.name}" for a in node.names
+                        if a.name not in filesync.__all__]
+        for name in _imported_names(module, path):
+            top = name.split(".")[0]
+            if name in ("filesync", "filesync.backends") or name.startswith("filesync.backends."):
+                continue
+            if name.startswith("filesync.") or top == "backends":
+                bad.append(f"{path.name}: {name}")
     assert bad == []
 
 
@@ -152,7 +182,8 @@ def test_every_public_name_resolves_and_import_filesync_stays_light() -> None:
     code = ("import sys, filesync\n"
             "light = 'asyncssh' not in sys.modules and 'filesync.sync.engine' not in sys.modules\n"
             "missing = [n for n in filesync.__all__ if getattr(filesync, n, None) is None]\n"
-            "print(light, missing)")
+            "no_backends = not [m for m in sys.modules if m.startswith('filesync.backends')]\n"
+            "print(light, no_backends, missing)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120, check=True)
-    assert done.stdout.split(None, 1) == ["True", "[]\n"]
+    assert done.stdout.split(None, 2) == ["True", "True", "[]\n"]

@@ -162,7 +162,8 @@ def test_wire_bytes_grow_by_at_least_a_transferred_megabyte(sshd: SshdContainer)
 
 def test_kill_sessions_cuts_a_running_session(sshd: SshdContainer) -> None:
     with subprocess.Popen(
-        ["ssh", "-F", str(sshd.ssh_config), sshd.alias, "echo started; exec sleep 30"],
+        # far longer than the wait below: exit 255 within it can only be the cut
+        ["ssh", "-F", str(sshd.ssh_config), sshd.alias, "echo started; exec sleep 600"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -172,7 +173,7 @@ def test_kill_sessions_cuts_a_running_session(sshd: SshdContainer) -> None:
             assert client.stdout is not None and client.stderr is not None
             assert client.stdout.readline() == "started\n"  # the session is really up
             assert sshd.kill_sessions() >= 1
-            assert client.wait(timeout=30) == 255  # sleep 30 did not get to finish
+            assert client.wait(timeout=120) == 255  # sleep 600 did not get to finish
             assert "closed by remote host" in client.stderr.read()
         finally:
             if client.poll() is None:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ _DIRECTIONS = {"push": Direction.PUSH, "pull": Direction.PULL}
 
 
 def _options(req: Request, direction: Direction, local: Path,
-             extra: tuple[str, ...] = ()) -> Options:
+             extra: Sequence[tuple[str, Sequence[str]]] = ()) -> Options:
     """Engine options of one pass: the request's settings, its log and progress display."""
     out = req.output
     return req.settings.options(direction, local, extra=extra, log=out.log(),
@@ -95,7 +95,7 @@ def _config_jobs(req: Request) -> list[Job]:
     jobs = []
     for remote in config.remotes:
         passes = []
-        for spec in config.mappings:
+        for number, spec in enumerate(config.mappings, 1):
             mine = direction
             if spec.mapping.mode == UPLOAD_ONLY:
                 if direction is Direction.PULL:
@@ -103,7 +103,10 @@ def _config_jobs(req: Request) -> list[Job]:
                 mine = Direction.PUSH
             local = local_root(spec.mapping.local)
             target = config.target(remote, spec)
-            opts = _options(req, mine, local, (*spec.exclude, *config.nested_excludes(spec)))
+            where = f"{req.config} (mapping {number}"
+            opts = _options(req, mine, local, [
+                (where + ")", spec.exclude),
+                (where + ", a nested mapping's root)", config.nested_excludes(spec))])
             passes.append((target.label(), local, target.path, opts))
         jobs.append(Job(config.target(remote, config.mappings[0]), passes))
     return jobs

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from filesync.errors import UsageError
-from filesync.mapping import TWO_WAY, Mapping
+from filesync.mapping import TWO_WAY, Mapping, nested_excludes
 from filesync.transport.target import Target, parse_remote, via_argv
 
 
@@ -55,14 +55,9 @@ class Config:
         return Target(base.kind, path, base.host, base.user, base.port, base.via)
 
     def nested_excludes(self, spec: MappingSpec) -> list[str]:
-        """Anchored patterns for the roots of other mappings nested inside ``spec``'s."""
-        root = posixpath.normpath(spec.mapping.remote)
-        out = []
-        for other in self.mappings:
-            inner = posixpath.normpath(other.mapping.remote)
-            if other is not spec and inner.startswith(root.rstrip("/") + "/"):
-                out.append("/" + inner[len(root) + 1 :] + "/")
-        return out
+        """What ``spec``'s pass excludes so that the innermost mapping owns a path: the one
+        rule, ``filesync.mapping.nested_excludes``, over this file's mappings."""
+        return nested_excludes(spec.mapping, [other.mapping for other in self.mappings])
 
 
 _TOP_KEYS = ("remotes", "remote", "via", "mapping")

@@ -68,17 +68,15 @@ class PassSettings:
         direction: Direction,
         local: Path,
         *,
-        extra: Sequence[str] = (),
+        extra: Sequence[tuple[str, Sequence[str]]] = (),
         log: Callable[[str], None] | None = None,
         progress: Progress | None = None,
     ) -> Options:
-        """Engine options for one pass on ``local`` (``extra``: more exclude patterns)."""
-        try:
-            rule = ExcludeRule.build(
-                [*self.exclude, *extra], default_excludes=self.default_excludes, root=local
-            )
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"bad exclude pattern ({exc}); use gitignore syntax") from None
+        """Engine options for one pass on ``local`` (``extra``: more exclude patterns, each
+        group with the label an error names it by). An invalid pattern raises
+        ``PatternError`` (a one-line usage error naming it and where it came from)."""
+        rule = ExcludeRule.build(self.exclude, default_excludes=self.default_excludes,
+                                 root=local, more=extra)
         return Options(
             direction=direction,
             rule=rule,
@@ -89,9 +87,14 @@ class PassSettings:
             max_file_size=self.max_file_size,
             max_pull_bytes=self.max_pull_bytes,
             log=log,
+            warn=_warn,
             progress=progress,
             watch=self.watch,
         )
+
+
+def _warn(message: str) -> None:
+    print(f"filesync: warning: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

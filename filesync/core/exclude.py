@@ -1,18 +1,25 @@
 """The exclusion rule: one object used by every walk, every listing and every apply.
 
-The patterns are compiled by pathspec's ``GitIgnoreSpec``; matching itself is
-``filesync.helper.Matcher``, the same code the remote helper runs, so that the host
-walk, the remote listing and the pull-time path check cannot disagree.
+Guarantee: the patterns are read and matched with git's semantics, by
+``filesync.tree.ignore.Matcher`` (agrees with git, checked by
+tests/tree/test_ignore_git_oracle.py), the same code the remote runs: the wire carries the
+raw pattern lines, so the host walk, the remote listing and the pull-time path check
+cannot disagree.
+
+An invalid pattern from any source raises ``PatternError`` (exit 2) naming the pattern and
+its source. Git itself takes e.g. ``[z-a]`` without a word (and matches only ``z`` with
+it); filesync refuses it, since a typo must not silently sync what it was meant to exclude.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filesync.tree.ignore import Matcher
+from filesync.errors import PatternError, UsageError
+from filesync.tree.ignore import InvalidPattern, Matcher, is_pattern, split_lines
 
 #: Bookkeeping and dependency trees that are never skill content.
 DEFAULT_EXCLUDED_DIRS: tuple[str, ...] = (
@@ -24,29 +31,17 @@ DEFAULT_EXCLUDED_DIRS: tuple[str, ...] = (
 IGNORE_FILE = ".filesyncignore"
 
 
-def _compile(patterns: Sequence[str]) -> list[tuple[str, bool]]:
-    import pathspec  # only needed when there are patterns
-
-    spec = pathspec.GitIgnoreSpec.from_lines(patterns)
-    out: list[tuple[str, bool]] = []
-    for pattern in spec.patterns:
-        regex = getattr(pattern, "regex", None)
-        if regex is not None and pattern.include is not None:
-            out.append((regex.pattern, bool(pattern.include)))
-    return out
-
-
 @dataclass(frozen=True)
 class ExcludeRule:
-    """Directory names pruned at any depth, plus gitignore-syntax patterns.
+    """Directory names pruned at any depth, plus gitignore pattern lines.
 
-    A path is excluded if it or any parent directory is excluded. Directories are
-    matched with an explicit is-directory flag, never by guessing from the name.
+    A path is excluded if a parent directory is excluded or the last pattern matching the
+    path itself is not a negation. Directories are matched with an explicit is-directory
+    flag, never by guessing from the name.
     """
 
     dir_names: tuple[str, ...] = DEFAULT_EXCLUDED_DIRS
     patterns: tuple[str, ...] = ()
-    _compiled: list[tuple[str, bool]] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -55,18 +50,37 @@ class ExcludeRule:
         *,
         default_excludes: bool = True,
         root: Path | None = None,
+        source: str = "--exclude",
+        more: Iterable[tuple[str, Iterable[str]]] = (),
     ) -> ExcludeRule:
-        """Build the rule from ``--exclude`` patterns and ``ROOT/.filesyncignore``."""
-        lines = list(patterns)
-        if root is not None and (root / IGNORE_FILE).is_file():
-            lines += (root / IGNORE_FILE).read_text(encoding="utf-8").splitlines()
-        lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        """Build the rule from ``patterns`` (labelled ``source`` in errors), then each
+        ``(label, patterns)`` of ``more``, then ``ROOT/.filesyncignore``, in that order (a
+        later line overrides an earlier one). Raises ``PatternError`` for an invalid one."""
+        labelled = [(source, line) for line in patterns]
+        for label, lines in more:
+            labelled += [(label, line) for line in lines]
+        path = root / IGNORE_FILE if root is not None else None
+        if path is not None and path.is_file():
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path} is not UTF-8 ({exc.reason} at byte {exc.start}); "
+                                 "save it as UTF-8") from None
+            labelled += [(f"{path}:{n}", line) for n, line in enumerate(split_lines(text), 1)]
+        kept = [(label, line) for label, line in labelled if is_pattern(line)]
         names = DEFAULT_EXCLUDED_DIRS if default_excludes else ()
-        return cls(names, tuple(lines), _compile(lines) if lines else [])
+        try:
+            return cls(names, tuple(line for _, line in kept))
+        except InvalidPattern as exc:
+            label = kept[exc.index][0]
+            # Quoted as typed (a repr would double every backslash) unless unprintable.
+            shown = f"'{exc.line}'" if exc.line.isprintable() else repr(exc.line)
+            raise PatternError(f"exclude pattern {shown} from {label} is invalid: "
+                               f"{exc.reason}; fix the pattern") from None
 
     def __post_init__(self) -> None:
         # Frozen: the matcher is built once and shared by every caller of this rule.
-        object.__setattr__(self, "_matcher", Matcher(list(self.dir_names), self._compiled))
+        object.__setattr__(self, "_matcher", Matcher(self.dir_names, self.patterns))
 
     def matcher(self) -> Matcher:
         """The compiled matcher (the same code the remote helper runs)."""
@@ -77,5 +91,5 @@ class ExcludeRule:
         return self.matcher().excluded(rel, is_dir)
 
     def wire(self) -> dict[str, Any]:
-        """The rule as the remote helper takes it."""
-        return {"names": list(self.dir_names), "patterns": [[r, i] for r, i in self._compiled]}
+        """The rule as the remote helper takes it: the names and the raw pattern lines."""
+        return {"names": list(self.dir_names), "patterns": list(self.patterns)}

@@ -19,21 +19,31 @@ MASS_DELETE_MIN = 20
 
 def check_roots(
     direction: Direction, tracked: int, local_files: int, remote_files: int,
-    local_root: str, remote_root: str, force: bool = False,
+    local_root: str, remote_root: str, force: bool = False, *,
+    local_excluded: int = 0, remote_excluded: int = 0,
 ) -> None:
-    """Refuse when a side the run reads from holds no file while ``tracked`` were synced."""
+    """Refuse when a side the run reads from holds no file while ``tracked`` were synced.
+
+    ``*_excluded``: how many paths the exclusion rule pruned on that side; a side that is
+    empty only because the rule excludes everything is named as such, not as "missing".
+    """
     if not tracked or force:
         return
     if direction is not Direction.PUSH and not remote_files:
-        raise SafetyRefusal(
-            f"remote root {remote_root} is missing or empty but {tracked} files were "
-            "synced before; if it was emptied on purpose, rerun with --force"
-        )
+        raise SafetyRefusal(_empty("remote", remote_root, tracked, remote_excluded,
+                                   "if it was emptied on purpose"))
     if direction is not Direction.PULL and not local_files:
-        raise SafetyRefusal(
-            f"local root {local_root} is missing or empty but {tracked} files were "
-            "synced before (unmounted disk?); if it was emptied on purpose, rerun with --force"
-        )
+        raise SafetyRefusal(_empty("local", local_root, tracked, local_excluded,
+                                   "(unmounted disk?); if it was emptied on purpose"))
+
+
+def _empty(side: str, root: str, tracked: int, excluded: int, hint: str) -> str:
+    if excluded:
+        return (f"every path under the {side} root {root} is excluded ({excluded} pruned) but "
+                f"{tracked} files were synced before; check --exclude, .filesyncignore and "
+                "the config's exclude list, or rerun with --force")
+    return (f"{side} root {root} is missing or empty but {tracked} files were synced "
+            f"before {hint}, rerun with --force")
 
 
 def deletions(plan: Iterable[Action]) -> int:

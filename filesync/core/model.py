@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from filesync.tree.wire import Reason, describe
+
 #: The kind of every listed entry: the walks list regular files only.
 FILE = "f"
 
@@ -26,10 +28,17 @@ class Entry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A path that was seen but deliberately not synced, with the reason."""
+    """A path that was seen but deliberately not synced: ``reason`` in words, ``code`` (a
+    ``filesync.tree.wire.Reason``, ``None`` for the host's own rules) to decide on."""
 
     path: str
     reason: str
+    code: Reason | None = None
+
+    @classmethod
+    def of(cls, path: str, code: Reason, detail: str = "") -> Skipped:
+        """Skipped for ``code``, its text derived from it (and the OS ``detail``)."""
+        return cls(path, describe(code, detail), code)
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ async def session_for(
     list_first: tuple[str, ExcludeRule] | None = None,
     watch: bool = False,
 ) -> Endpoint:
-    """The conduit's helper session, started on first use (``list_first``, ``watch``: see
-    ``HelperEndpoint.start``)."""
+    """The conduit's endpoint, started on first use (``list_first``, ``watch``: see
+    ``HelperEndpoint.start``; the POSIX fallback needs neither)."""
     session = _SESSIONS.get(conduit)
     if session is None:
         session = _SESSIONS[conduit] = await open_session(conduit, log, list_first, watch)

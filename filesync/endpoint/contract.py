@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing
+from filesync.errors import FilesyncError
+from filesync.tree.wire import Reason
 
 
 @dataclass(slots=True)
@@ -42,8 +44,8 @@ class SendItem:
 class Outcome:
     """What the remote did with one file: ``ok``, ``changed`` or ``error``.
 
-    ``size``/``mtime_ns`` are what the remote stored (``ok`` of a send); ``reason`` says why
-    a file was not done, a ``filesync.tree.wire.Reason`` value for the safety refusals.
+    ``size``/``mtime_ns`` are what the remote stored (``ok`` of a send); ``code`` says why
+    a file was not done, ``reason`` in words (derived from the code, with the OS detail).
     """
 
     path: str
@@ -51,6 +53,8 @@ class Outcome:
     size: int = 0
     mtime_ns: int = 0
     reason: str = ""
+    #: what the decision is taken on (``reason`` is its human text, for reports)
+    code: Reason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +131,16 @@ class Endpoint(Protocol):
     async def close(self) -> None:
         """End the remote side and wait for it; never raises. A broken endpoint is
         killed at once; a polite one is asked to exit, and killed if it does not."""
+
+
+def call_sink(fn: Callable[..., Any], *args: Any, path: str = "") -> Any:
+    """Run a ``FetchSink`` call; a host-side write failure (disk full) ends the run cleanly
+    with a ``FilesyncError``, as both endpoints promise."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        what = path or getattr(args[0], "path", "") if args else path
+        raise FilesyncError(
+            f"cannot stage {what!r} on the host: {exc.strerror or exc}; free space in the "
+            "state dir (or pass --state-dir) and rerun, nothing was applied"
+        ) from exc

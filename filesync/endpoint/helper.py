@@ -12,21 +12,31 @@ import json
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
-from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem
-from filesync.errors import ConnectionLost, FilesyncError, TransportError
+from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
+from filesync.errors import ConnectionLost, TransportError
 from filesync.host.faults import crash_point
+from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload
 from filesync.tree.paths import resolve_root
+from filesync.tree.wire import (
+    DIRECT,
+    END_OK,
+    FLUSH_AT,
+    HEADER,
+    Reason,
+    describe,
+    is_count,
+    parse_reason,
+)
 
-_HEADER = struct.Struct(">cI")
 #: Largest frame accepted from the remote (a listing of a huge tree is one ``Z`` frame;
 #: data chunks are 1 MiB). Anything larger is garbage, refused before it is buffered.
 MAX_FRAME = 256 << 20
@@ -37,11 +47,6 @@ CLOSE_TIMEOUT = 10.0
 #: How long a remote that answered with something else than the helper's hello may go
 #: on talking before it is killed (the error message quotes what it said).
 START_TIMEOUT = 5.0
-#: Upload frames are gathered into writes of at least this size: one write (one SSH
-#: packet run, one pipe write) per 256 KiB instead of one per frame.
-FLUSH_AT = 1 << 18
-#: Data chunks at least this big are written straight through, not copied.
-DIRECT_AT = 1 << 16
 _GARBAGE = "remote helper sent garbage ({}); check the remote's python3, then rerun"
 
 
@@ -170,13 +175,13 @@ class HelperEndpoint:
         return TransportError(_GARBAGE.format(what))
 
     async def _frame(self) -> tuple[bytes, bytes]:
-        kind, length = _HEADER.unpack(await self.proc.readexactly(_HEADER.size))
+        kind, length = HEADER.unpack(await self.proc.readexactly(HEADER.size))
         if kind not in b"JZHDE" or length > MAX_FRAME:
             raise self._garbage(f"frame {kind!r} of {length} bytes")
         return kind, await self.proc.readexactly(length)
 
     async def _payload(self, kind_byte: bytes) -> dict[str, Any]:
-        rest = await self.proc.readexactly(_HEADER.size - 1)
+        rest = await self.proc.readexactly(HEADER.size - 1)
         (length,) = struct.unpack(">I", rest)
         if length > MAX_FRAME:
             raise self._garbage(f"frame of {length} bytes")
@@ -207,10 +212,9 @@ class HelperEndpoint:
         """Send the listing request of ``root`` now; ``list_tree(root, rule)`` reads it.
 
         The helper walks while the caller does other work (opens its state, walks the
-        host). Does nothing when a listing request is already pending, or for a
-        subclass that lists its own way (the POSIX fallback starts a command per call).
+        host). Does nothing when a listing request is already pending.
         """
-        if self._early is not None or type(self).list_tree is not HelperEndpoint.list_tree:
+        if self._early is not None:
             return
         wire = rule.wire()
         await self._request(self._list_request(root, wire))
@@ -245,7 +249,7 @@ class HelperEndpoint:
         entries, skipped = reply.get("entries", []), reply.get("skipped", [])
         if not (
             isinstance(reply.get("root"), str) and isinstance(entries, list)
-            and isinstance(skipped, list) and _is_count(reply.get("excluded", 0))
+            and isinstance(skipped, list) and is_count(reply.get("excluded", 0))
         ):
             raise self._garbage("malformed listing")
         key = (root, _wire_key(wire))
@@ -283,10 +287,7 @@ class HelperEndpoint:
                 files[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
                 odd.pop(rel, None)
                 continue
-            if kind != FILE:
-                odd[rel] = Skipped(rel, f"not a regular file (kind {kind[:8]!r})")
-            else:
-                odd[rel] = Skipped(rel, "hard link on the remote (not synced)")
+            odd[rel] = Skipped.of(rel, Reason.NOT_REGULAR if kind != FILE else Reason.HARD_LINK)
             files.pop(rel, None)
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:
@@ -295,21 +296,24 @@ class HelperEndpoint:
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:
-            if not (isinstance(row, list) and len(row) == 2
+            if not (isinstance(row, list) and len(row) == 3
                     and all(isinstance(x, str) for x in row)):
                 raise self._garbage("malformed listing entry")
-            listing.skipped.append(Skipped(row[0], row[1]))
+            listing.skipped.append(Skipped.of(row[0], parse_reason(row[1]), _text(row[2])))
         listing.excluded = int(reply.get("excluded", 0))
+        # The contract keeps unsafe names out of entries, so no caller can forget to.
+        filter_unsafe(listing)
         return listing
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         """Stream ``paths`` into ``sink``; torn or vanished files are reported to it.
 
-        Only the requested paths are accepted, each once; a file whose bytes do not
-        add up to its announced size counts as torn. A sink that cannot write (a full
-        disk) ends the run with a ``FilesyncError``.
+        Only the requested paths are accepted, each once (a path asked twice is asked
+        for once); a file whose bytes do not add up to its announced size counts as torn.
+        A sink that cannot write (a full disk) ends the run with a ``FilesyncError``.
         """
-        await self._request({"op": "fetch", "root": root, "paths": list(paths)})
+        paths = list(dict.fromkeys(paths))
+        await self._request({"op": "fetch", "root": root, "paths": paths})
         pending = Counter(paths)
         while True:
             kind, payload = await self._frame()
@@ -328,30 +332,31 @@ class HelperEndpoint:
                 raise self._garbage("a file that was not asked for")
             pending[path] -= 1
             if "error" in obj:
-                sink.failed(path, _text(obj["error"]))
+                code = parse_reason(obj["error"])
+                sink.failed(path, describe(code, _text(obj.get("detail", ""))))
                 continue
-            if not all(_is_count(obj.get(k)) for k in ("size", "mtime_ns", "mode")):
+            if not all(is_count(obj.get(k)) for k in ("size", "mtime_ns", "mode")):
                 raise self._garbage("malformed file header")
             await self._receive(FetchHeader(path, obj["size"], obj["mtime_ns"], obj["mode"]),
                                 sink)
 
     async def _receive(self, head: FetchHeader, sink: FetchSink) -> None:
-        write = _local(sink.begin, head)
+        write = call_sink(sink.begin, head)
         received = 0
         while True:
             kind, payload = await self._frame()
             if kind == b"D":
                 received += len(payload)
                 if received <= head.size:  # past it the file grew while read: torn
-                    _local(write, payload, path=head.path)
+                    call_sink(write, payload, path=head.path)
                 continue
             if kind != b"E":
                 raise self._garbage(f"{kind!r} frame inside a file")
             end = self._decode(kind, payload)
             ok = end.get("ok") is True and received == head.size
-            reason = _text(end.get("error", "")) if end.get("ok") is not True else (
-                "" if ok else "changed while being read")
-            _local(sink.end, head, ok, reason, path=head.path)
+            reason = (describe(parse_reason(end.get("error")), _text(end.get("detail", "")))
+                      if end.get("ok") is not True else "" if ok else describe(Reason.TORN))
+            call_sink(sink.end, head, ok, reason, path=head.path)
             crash_point("staged")
             return
 
@@ -360,7 +365,7 @@ class HelperEndpoint:
         """Upload ``items`` in one stream; each is renamed into place only if unchanged.
 
         Frames are gathered into writes of ``FLUSH_AT`` bytes (data chunks of
-        ``DIRECT_AT`` or more go straight through), each awaited until the conduit
+        ``DIRECT`` or more go straight through), each awaited until the conduit
         took it: a small file is one part of a packet, not three packets. ``items`` may
         be a generator if ``count`` says how many it yields: the first file is then on
         its way while the rest are still being prepared.
@@ -376,11 +381,11 @@ class HelperEndpoint:
         for item in items:
             paths.append(item.path)
             _put(buf, b"H", _send_head(item))
-            end = _END_OK
+            end = END_OK[0]
             try:
                 for chunk in item.chunks():
-                    if len(chunk) >= DIRECT_AT:
-                        buf += _HEADER.pack(b"D", len(chunk))
+                    if len(chunk) >= DIRECT:
+                        buf += HEADER.pack(b"D", len(chunk))
                         await write(bytes(buf))
                         buf.clear()
                         await write(chunk)
@@ -449,7 +454,6 @@ class HelperEndpoint:
         await self.proc.wait()
 
 
-_END_OK = b'{"ok": true}'
 #: Listings kept per session as delta bases (one per root and rule in use).
 MAX_BASES = 4
 
@@ -480,7 +484,7 @@ def _json(obj: dict[str, Any]) -> bytes:
 
 
 def _frame_bytes(kind: bytes, payload: bytes) -> bytes:
-    return _HEADER.pack(kind, len(payload)) + payload
+    return HEADER.pack(kind, len(payload)) + payload
 
 
 def _send_head(item: SendItem) -> bytes:
@@ -493,7 +497,7 @@ def _send_head(item: SendItem) -> bytes:
 
 
 def _put(buf: bytearray, kind: bytes, payload: bytes) -> None:
-    buf += _HEADER.pack(kind, len(payload))
+    buf += HEADER.pack(kind, len(payload))
     buf += payload
 
 
@@ -513,11 +517,6 @@ def _decode(kind: bytes, payload: bytes) -> dict[str, Any]:
     return obj
 
 
-def _is_count(value: object) -> bool:
-    """A non-negative int (sizes, times, modes, counts); bools are not counts."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _text(value: object) -> str:
     """A remote-supplied message made safe for one line of a terminal (no control chars)."""
     text = " ".join(str(value).split())[:300]
@@ -528,24 +527,13 @@ def _outcome(row: object) -> Outcome | None:
     if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)):
         return None
     if row[1] == "ok":
-        if len(row) >= 4 and _is_count(row[2]) and _is_count(row[3]):
+        if len(row) >= 4 and is_count(row[2]) and is_count(row[3]):
             return Outcome(row[0], "ok", row[2], row[3])
         return Outcome(row[0], "ok") if len(row) == 2 else None
-    if row[1] in ("changed", "error") and len(row) >= 3:
-        return Outcome(row[0], row[1], reason=_text(row[2]))
+    if row[1] in ("changed", "error") and len(row) == 4:
+        code = parse_reason(row[2])
+        return Outcome(row[0], row[1], reason=describe(code, _text(row[3])), code=code)
     return None
-
-
-def _local(fn: Callable[..., Any], *args: Any, path: str = "") -> Any:
-    """Run a sink call; a host-side write failure (disk full) ends the run cleanly."""
-    try:
-        return fn(*args)
-    except OSError as exc:
-        what = path or getattr(args[0], "path", "")
-        raise FilesyncError(
-            f"cannot stage {what!r} on the host: {exc.strerror or exc}; free space in the "
-            "state dir (or pass --state-dir) and rerun, nothing was applied"
-        ) from exc
 
 
 async def _drain(proc: RemoteProcess, limit: int) -> bytes:
@@ -557,8 +545,5 @@ async def _drain(proc: RemoteProcess, limit: int) -> bytes:
             chunks.append(chunk)
             kept += len(chunk)
     return b"".join(chunks)[:limit]
-
-
-Opener = Callable[[], Awaitable[Conduit]]
 
 __all__ = ["ConnectionLost", "FetchHeader", "FetchSink", "HelperEndpoint", "Outcome", "SendItem"]

@@ -25,7 +25,7 @@ from filesync.host.faults import crash_point
 from filesync.host.scan import hash_fd
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, delete_file, open_parent, unchanged
 from filesync.tree.paths import split_rel
-from filesync.tree.wire import reason_of
+from filesync.tree.wire import Reason, describe, parse_reason, reason_of
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
@@ -50,6 +50,14 @@ class OpResult:
     op: HostOp
     status: str
     reason: str = ""
+    #: the code of a refusal of the remote's kind (symlinked parent...), else None
+    code: Reason | None = None
+
+
+def _refused(op: HostOp, exc: BaseException) -> OpResult:
+    """The ``error`` result of an op whose path could not be opened, with its code."""
+    code, detail = reason_of(exc)
+    return OpResult(op, "error", describe(code, detail), code)
 
 
 class HostTree:
@@ -74,13 +82,13 @@ class HostTree:
         except FileNotFoundError:
             return OpResult(op, "done" if op.kind == "delete" else "error", "parent vanished")
         except (OSError, ValueError) as exc:
-            return OpResult(op, "error", reason_of(exc))
+            return _refused(op, exc)
         try:
             if op.kind == "write":
                 return self._write(pfd, parts, op)
             return self._delete(pfd, parts, op)
         except OSError as exc:
-            return OpResult(op, "error", reason_of(exc))
+            return _refused(op, exc)
         finally:
             os.close(pfd)
 
@@ -146,7 +154,9 @@ class HostTree:
         crash_point("kept")
         result = delete_file(self.fd, op.path, [st.st_size, st.st_mtime_ns])
         if result[1] != "ok":
-            return OpResult(op, "changed" if result[1] == "changed" else "error", str(result[2]))
+            code = parse_reason(result[2])
+            return OpResult(op, "changed" if result[1] == "changed" else "error",
+                            describe(code, str(result[3])), code)
         crash_point("placed")
         return OpResult(op, "done")
 

@@ -22,6 +22,7 @@ from filesync.tree.bounded import Bounded
 from filesync.tree.paths import all_safe, unsafe_reason
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree
+from filesync.tree.wire import Reason, parse_reason
 
 CHUNK = 1 << 20
 #: A file modified this close to the scan may be modified again within the same
@@ -93,7 +94,7 @@ def filter_unsafe(listing: Listing) -> None:
         reason = unsafe_reason(rel)
         if reason is not None:
             del listing.entries[rel]
-            listing.skipped.append(Skipped(rel, reason))
+            listing.skipped.append(Skipped.of(rel, Reason.UNSAFE_PATH, reason))
 
 
 def list_local(root: Path, rule: ExcludeRule, watch: bool = False) -> Listing:
@@ -113,7 +114,7 @@ def list_local(root: Path, rule: ExcludeRule, watch: bool = False) -> Listing:
     listing = Listing(str(root), True, excluded=excluded)
     for rel, kind, size, mtime_ns, mode, ino, _nlink in rows:
         listing.entries[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
-    listing.skipped = [Skipped(p, r) for p, r in skipped]
+    listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
     filter_unsafe(listing)
     return listing
 
@@ -149,7 +150,7 @@ class _Watched:
                     self.entries[r[0]] = Entry(r[0], r[1], r[2], r[3], r[4], r[5])
             listing = Listing(self.tree.root, True, excluded=excluded)
             listing.entries = dict(self.entries)
-            listing.skipped = [Skipped(p, r) for p, r in skipped]
+            listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
             return listing
 
 

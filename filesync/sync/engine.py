@@ -152,7 +152,8 @@ async def _pass(
     planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),
                 len(scans.remote.files()), str(inputs.local_root), inputs.remote_root,
-                opts.force)
+                opts.force, local_excluded=scans.local.listing.excluded,
+                remote_excluded=scans.remote.excluded)
     versions = planning.remote_versions(inputs, scans)
     await planning.fetch(inputs, versions.fetch)
     planned = planning.plan(inputs, scans, versions)

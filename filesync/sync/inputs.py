@@ -23,7 +23,7 @@ from filesync.core.reconcile import Action, Direction, Version
 from filesync.endpoint.contract import Endpoint
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
-from filesync.host.state import Ancestor, PairState
+from filesync.host.state import Ancestor, PairState, default_state_dir
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
 
@@ -34,13 +34,18 @@ class Options:
 
     direction: Direction
     rule: ExcludeRule = field(default_factory=ExcludeRule.build)
-    state_dir: Path = Path("~/.local/state/filesync")
+    state_dir: Path = field(default_factory=default_state_dir)
     dry_run: bool = False
     force: bool = False
     lock_timeout: float = 0.0
+    #: Limits on what a pull or sync fetches from the remote (a push fetches only remote
+    #: versions it must keep as conflict copies, whatever their size: never limited).
     max_file_size: int = 1 << 30
     max_pull_bytes: int = 2 << 30
     log: Callable[[str], None] | None = None
+    #: Told about every file a limit of the run leaves out (the CLI prints a warning line
+    #: on stderr); such files are in the report's ``skipped`` too.
+    warn: Callable[[str], None] | None = None
     progress: Progress | None = None
     #: Keep both trees watched (inotify) between passes of this process, so that a pass
     #: lists again only the directories that changed: for callers that run many passes

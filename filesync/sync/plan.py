@@ -32,6 +32,7 @@ from filesync.host.scan import (
 )
 from filesync.host.state import Ancestor
 from filesync.sync.inputs import PassInputs, Planned, Scans
+from filesync.tree.wire import Reason
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,11 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
             same.add(rel)
         elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
             known[rel] = Version(cache[rel][2], mode)
-        elif e.size > opts.max_file_size:
-            skipped.append(Skipped(rel, "larger than --max-file-size"))
+        elif e.size > opts.max_file_size and opts.direction is not Direction.PUSH:
+            skipped.append(Skipped.of(rel, Reason.TOO_LARGE))
+            if opts.warn is not None:
+                opts.warn(f"{rel} left out: {e.size} bytes is more than --max-file-size "
+                          f"{opts.max_file_size}; raise --max-file-size to fetch it")
         elif opts.direction is Direction.PUSH and a is None and rel not in local_entries:
             continue  # remote-only and never pushed: push leaves it alone
         else:
@@ -129,10 +133,11 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
 
 
 async def fetch(inputs: PassInputs, entries: list[Entry]) -> None:
-    """Stage ``entries`` (refused whole when over ``--max-pull-bytes``)."""
+    """Stage ``entries`` (a pull or sync is refused whole when over ``--max-pull-bytes``;
+    a push fetches only what it must keep, never limited)."""
     opts, sink = inputs.opts, inputs.sink
     total = sum(e.size for e in entries)
-    if total > opts.max_pull_bytes and not opts.force:
+    if total > opts.max_pull_bytes and opts.direction is not Direction.PUSH and not opts.force:
         raise SafetyRefusal(
             f"this run would fetch {total} bytes, more than --max-pull-bytes "
             f"{opts.max_pull_bytes}; raise the limit or exclude the large files"
@@ -196,7 +201,7 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
 def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
     """Paths of ``sides`` inside a skipped dir, each appended to ``skipped``: they are
     neither synced nor deleted. The sides are only joined when something was skipped."""
-    why = {s.path.rstrip("/"): s.reason for s in skipped}
+    why = {s.path.rstrip("/"): s for s in skipped}
     if not why:
         return set()
     inside: set[str] = set()
@@ -209,12 +214,12 @@ def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
             cut = parent.rfind("/")
         else:
             continue
-        reason = why[parent]
-        if "symlink" in reason:
-            reason = "symlink in path (not followed)"
+        skip = why[parent]
+        if skip.code in (Reason.SYMLINK, Reason.SYMLINK_IN_PATH):
+            skipped.append(Skipped.of(p, Reason.SYMLINK_IN_PATH))
         else:
-            reason = f"inside {parent}, which was skipped: {reason}"
-        skipped.append(Skipped(p, reason))
+            reason = f"inside {parent}, which was skipped: {skip.reason}"
+            skipped.append(Skipped(p, reason, skip.code))
         inside.add(p)
     return inside
 

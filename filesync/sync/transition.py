@@ -28,7 +28,7 @@ from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalSc
 from filesync.host.state import Ancestor, ConflictRecord
 from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import PassInputs, Planned, Scans
-from filesync.tree.wire import SAFETY_REASONS
+from filesync.tree.wire import SAFETY, Reason
 
 
 @dataclass
@@ -187,16 +187,17 @@ async def _upload(
             out.uploaded += 1
             out.changes.append(Change(o.path, ChangeAction.UPLOAD, r.size))
         else:
-            _failed(out, o.path, o.status, o.reason, "upload")
+            _failed(out, o.path, o.status, o.reason, "upload", o.code)
     inputs.state.put_ancestors(rows)
     return read_rows
 
 
-def _failed(out: Transitioned, path: str, status: str, reason: str, what: str) -> None:
+def _failed(out: Transitioned, path: str, status: str, reason: str, what: str,
+            code: Reason | None) -> None:
     if status == "changed":
-        out.skipped.append(Skipped(path, f"{reason}; retried next run"))
-    elif reason in SAFETY_REASONS:
-        out.skipped.append(Skipped(path, f"{what} refused: {reason}"))
+        out.skipped.append(Skipped(path, f"{reason}; retried next run", code))
+    elif code in SAFETY:
+        out.skipped.append(Skipped(path, f"{what} refused: {reason}", code))
     else:
         out.skipped.append(Skipped(path, f"{what} failed: {reason}"))
         out.errors.append(f"{what} of {path} failed: {reason}")
@@ -216,7 +217,7 @@ async def _delete_remote(
             out.deleted_remote += 1
             out.changes.append(Change(o.path, ChangeAction.DELETE_REMOTE))
         else:
-            _failed(out, o.path, o.status, o.reason, "remote delete")
+            _failed(out, o.path, o.status, o.reason, "remote delete", o.code)
     inputs.state.forget(gone)
 
 
@@ -295,7 +296,7 @@ def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned
             out.changes.append(Change(path, ChangeAction.CONFLICT,
                                       staged[path].size if saved else 0))
         else:
-            _failed(out, r.op.path, r.status, r.reason, "host " + r.op.kind)
+            _failed(out, r.op.path, r.status, r.reason, "host " + r.op.kind, r.code)
 
 
 def _record(inputs: PassInputs, scans: Scans, plan: list[Action]) -> None:

@@ -16,7 +16,7 @@ import stat
 from typing import Any
 
 from filesync.tree.paths import split_rel
-from filesync.tree.wire import reason_of
+from filesync.tree.wire import Reason, reason_of
 
 TEMP_PREFIX = ".filesync."
 TEMP_SUFFIX = ".tmp"
@@ -147,7 +147,8 @@ class TempFile:
     request); only the temp file's own descriptor is this object's.
     """
 
-    def __init__(self, dirs: Dirs, rel: str, temp: str, error: str) -> None:
+    def __init__(self, dirs: Dirs, rel: str, temp: str,
+                 error: tuple[Reason, str] | None) -> None:
         self.rel, self.temp = rel, temp
         self.error = error
         self.pfd = -1
@@ -181,9 +182,10 @@ class TempFile:
             self.abort()
 
     def commit(self, mode: int, mtime_ns: int, expect: list[int] | None) -> list[Any]:
+        """The result row: ``[rel, "ok", size, mtime_ns]`` or ``[rel, status, code, detail]``."""
         if self.error:
             self.abort()
-            return [self.rel, "error", self.error]
+            return [self.rel, "error", *self.error]
         try:
             os.fchmod(self.fd, mode & 0o7777)
             # Durability before the rename, so that a power loss on the remote never
@@ -195,11 +197,11 @@ class TempFile:
             st = os.fstat(self.fd)
             if not unchanged(stat_at(self.pfd, self.parts[-1]), expect):
                 self.abort()
-                return [self.rel, "changed", "changed on the remote during the run"]
+                return [self.rel, "changed", Reason.CHANGED.value, ""]
             os.rename(self.temp, self.parts[-1], src_dir_fd=self.pfd, dst_dir_fd=self.pfd)
         except OSError as exc:
             self.abort()
-            return [self.rel, "error", reason_of(exc)]
+            return [self.rel, "error", *reason_of(exc)]
         self._close()
         return [self.rel, "ok", st.st_size, st.st_mtime_ns]
 
@@ -223,16 +225,16 @@ def delete_file(rfd: int, rel: str, expect: list[int]) -> list[Any]:
     except FileNotFoundError:
         return [rel, "ok"]
     except (OSError, ValueError) as exc:
-        return [rel, "error", reason_of(exc)]
+        return [rel, "error", *reason_of(exc)]
     try:
         st = stat_at(pfd, parts[-1])
         if st is None:
             return [rel, "ok"]
         if not unchanged(st, expect):
-            return [rel, "changed", "changed on the remote during the run"]
+            return [rel, "changed", Reason.CHANGED.value, ""]
         os.unlink(parts[-1], dir_fd=pfd)
     except OSError as exc:
-        return [rel, "error", reason_of(exc)]
+        return [rel, "error", *reason_of(exc)]
     finally:
         os.close(pfd)
     prune_empty_dirs(rfd, parts[:-1])

@@ -20,7 +20,17 @@ from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree
-from filesync.tree.wire import CHUNK, END_OK, PROTOCOL, BadRequest, Channel, is_count, reason_of
+from filesync.tree.wire import (
+    CHUNK,
+    END_OK,
+    PROTOCOL,
+    BadRequest,
+    Channel,
+    Reason,
+    is_count,
+    reason_of,
+    reason_text,
+)
 
 #: How many (root, rule) listings one helper remembers for delta replies.
 MAX_REMEMBERED = 4
@@ -74,7 +84,7 @@ class Server:
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
             return
         if reply["is_dir"]:
-            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            matcher = Matcher(req["names"], req["patterns"])
             entries, skipped, excluded = walk(root, matcher)
             reply.update(entries=entries, skipped=skipped, excluded=excluded)
             if req.get("delta") is True:
@@ -106,7 +116,7 @@ class Server:
         held = self.watched.pop(key)
         tree = held[1] if held is not None else None
         if tree is None:
-            matcher = Matcher(req["names"], [(r, bool(i)) for r, i in req["patterns"]])
+            matcher = Matcher(req["names"], req["patterns"])
             tree = WatchedTree.create(root, matcher)
             if tree is None:
                 return False
@@ -142,12 +152,13 @@ class Server:
             pfd = dirs.parent(parts, False)
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
         except (OSError, ValueError) as exc:
-            self.chan.send_json({"path": rel, "error": reason_of(exc)}, b"H", False)
+            code, detail = reason_of(exc)
+            self.chan.send_json({"path": rel, "error": code, "detail": detail}, b"H", False)
             return
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                self.chan.send_json({"path": rel, "error": "not a regular file"}, b"H", False)
+                self.chan.send_json({"path": rel, "error": Reason.NOT_REGULAR}, b"H", False)
                 return
             head = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                     "mode": st.st_mode & 0o7777}
@@ -160,7 +171,7 @@ class Server:
                 self.chan.write(b"D", chunk)
             after = os.fstat(fd)
             torn = (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
-            end = {"ok": False, "error": "changed while being read"} if torn else {"ok": True}
+            end = {"ok": False, "error": Reason.TORN} if torn else {"ok": True}
             self.chan.send_json(end, b"E", False)
         finally:
             os.close(fd)
@@ -168,7 +179,7 @@ class Server:
     def op_send(self, req: dict[str, Any]) -> None:
         results: list[list[Any]] = []
         try:
-            rfd, error = self.root_fd(req["root"], True), ""
+            rfd, error = self.root_fd(req["root"], True), None
         except OSError as exc:
             # Keep consuming the stream so that the protocol stays in step.
             rfd, error = -1, reason_of(exc)
@@ -185,7 +196,8 @@ class Server:
                 os.close(rfd)
         self.chan.send_json({"results": results}, b"Z")
 
-    def _receive_one(self, dirs: Dirs, head: dict[str, Any], error: str) -> list[Any]:
+    def _receive_one(self, dirs: Dirs, head: dict[str, Any],
+                     error: tuple[Reason, str] | None) -> list[Any]:
         rel: Any = head.get("path")
         mode: Any = head.get("mode")
         mtime_ns: Any = head.get("mtime_ns")
@@ -217,7 +229,7 @@ class Server:
                 raise BadRequest("expected a D or E frame inside a file")
             if not end.get("ok"):
                 sink.abort()
-                return [rel, "error", end.get("error", "aborted by client")]
+                return [rel, "error", Reason.OS_ERROR, str(end.get("error", "aborted by client"))]
             return sink.commit(mode, mtime_ns, expect)
 
     def _temp_name(self) -> str:
@@ -267,7 +279,7 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         try:
             handler(req)
         except OSError as exc:
-            chan.send_json({"error": reason_of(exc), "errno": exc.errno or 0})
+            chan.send_json({"error": reason_text(exc), "errno": exc.errno or 0})
         except EOFError:
             return
         except Exception as exc:  # a malformed request: answer once, then stop

@@ -15,14 +15,16 @@ from typing import Any
 
 from filesync.tree.dirfd import DIR_FLAGS, ROOT_FLAGS, TEMP_PREFIX, is_temp_name, stale_temp
 from filesync.tree.ignore import Matcher
+from filesync.tree.wire import Reason
 
 
 def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]], int]:
     """List regular files under ``root``, pruning excluded dirs before descending.
 
     Returns ``(entries, skipped, excluded)``: entries are
-    ``[rel, "f", size, mtime_ns, mode, ino, nlink]``; skipped are ``[rel, reason]``
-    for symlinks and special files; ``excluded`` counts pruned paths. Stale temp
+    ``[rel, "f", size, mtime_ns, mode, ino, nlink]``; skipped are ``[rel, code, detail]``
+    (a ``filesync.tree.wire.Reason`` value, the OS error's text or '') for symlinks,
+    special files and unreadable directories; ``excluded`` counts pruned paths. Stale temp
     files of dead filesync processes are removed on the way.
     """
     entries: list[list[Any]] = []
@@ -48,7 +50,7 @@ def open_listed(path: str, prefix: str, skipped: list[list[str]]) -> int:
         # below it nothing is followed.
         return os.open(path, DIR_FLAGS if prefix else ROOT_FLAGS)
     except OSError as exc:
-        skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+        skipped.append([prefix.rstrip("/") or ".", Reason.UNREADABLE.value, exc.strerror or ""])
         return -1
 
 
@@ -70,7 +72,7 @@ def list_dir(dfd: int, path: str, prefix: str, matcher: Matcher, entries: list[l
     try:
         it = os.scandir(dfd)
     except OSError as exc:
-        skipped.append([prefix.rstrip("/") or ".", f"unreadable directory: {exc.strerror}"])
+        skipped.append([prefix.rstrip("/") or ".", Reason.UNREADABLE.value, exc.strerror or ""])
         return 0
     with it:
         for entry in it:
@@ -100,7 +102,7 @@ def list_dir(dfd: int, path: str, prefix: str, matcher: Matcher, entries: list[l
                 add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
                      st.st_nlink])
             elif s_islnk(mode):
-                skipped.append([rel, "symlink (not followed)"])
+                skipped.append([rel, Reason.SYMLINK.value, ""])
             else:
-                skipped.append([rel, "special file (fifo, socket or device)"])
+                skipped.append([rel, Reason.SPECIAL_FILE.value, ""])
     return excluded

@@ -7,6 +7,7 @@ Frames: one kind byte, a 4-byte big-endian length, the payload.
 
 from __future__ import annotations
 
+import enum
 import errno
 import json
 import struct
@@ -21,29 +22,106 @@ HEADER = struct.Struct(">cI")
 FLUSH_AT = 1 << 18
 #: Data chunks at least this big skip the gathering buffer (no copy).
 DIRECT = 1 << 16
-#: How many (root, rule) listings one helper remembers for delta replies.
 #: The ``E`` frame a client sends for a file it read whole (decoded without json).
 END_OK = (b'{"ok": true}', b'{"ok":true}')
 
 
 def is_count(value: object) -> bool:
+    """A non-negative int (sizes, times, modes, counts); bools are not counts."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 
-SAFETY_REASONS = frozenset(
-    {"unsafe path", "symlink in path (not followed)", "a parent is not a directory"}
+class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.11)
+    """Why a path was not synced or not done: the machine-readable code.
+
+    The helper, the POSIX fallback's shell scripts and the host walk emit these values;
+    every client decision (safety refusal or plain failure, symlinked parent or not) is
+    taken on the code, never on a message. ``describe`` derives the human text, which may
+    be reworded freely.
+
+    - ``unsafe-path``: a name ``tree.paths.unsafe_reason`` refuses (never opened);
+    - ``symlink-in-path``: a parent directory is a symlink (not followed);
+    - ``parent-not-a-directory``: a parent is a file or another non-directory;
+    - ``path-raced``: a parent directory was swapped while it was being entered (a
+      symlink or another directory put in its place; nothing was written);
+    - ``symlink``, ``special-file``, ``hard-link``, ``not-regular``: listed, not synced;
+    - ``changed``: the target changed on the remote since it was listed;
+    - ``torn``: the file changed while it was being read;
+    - ``unreadable``: a directory could not be listed (``detail``: the OS error);
+    - ``too-large``: left out by a size limit of the run (``--max-file-size``);
+    - ``os-error``: any other failure (``detail``: the OS error text).
+    """
+
+    UNSAFE_PATH = "unsafe-path"
+    SYMLINK_IN_PATH = "symlink-in-path"
+    PARENT_NOT_DIR = "parent-not-a-directory"
+    PATH_RACED = "path-raced"
+    SYMLINK = "symlink"
+    SPECIAL_FILE = "special-file"
+    HARD_LINK = "hard-link"
+    NOT_REGULAR = "not-regular"
+    CHANGED = "changed"
+    TORN = "torn"
+    UNREADABLE = "unreadable"
+    TOO_LARGE = "too-large"
+    OS_ERROR = "os-error"
+
+
+#: Refusals that protect the tree (reported as skipped, not as failures of the run).
+SAFETY = frozenset(
+    {Reason.UNSAFE_PATH, Reason.SYMLINK_IN_PATH, Reason.PARENT_NOT_DIR, Reason.PATH_RACED}
 )
 
+_TEXT = {
+    Reason.UNSAFE_PATH: "unsafe path",
+    Reason.SYMLINK_IN_PATH: "symlink in path (not followed)",
+    Reason.PARENT_NOT_DIR: "a parent is not a directory",
+    Reason.PATH_RACED: "a parent directory was swapped while in use (not followed)",
+    Reason.SYMLINK: "symlink (not followed)",
+    Reason.SPECIAL_FILE: "special file (fifo, socket or device)",
+    Reason.HARD_LINK: "hard link on the remote (not synced)",
+    Reason.NOT_REGULAR: "not a regular file on the remote",
+    Reason.CHANGED: "changed on the remote during the run",
+    Reason.TORN: "changed while being read",
+    Reason.UNREADABLE: "unreadable directory",
+    Reason.TOO_LARGE: "larger than --max-file-size",
+    Reason.OS_ERROR: "failed",
+}
 
-def reason_of(exc: BaseException) -> str:
+
+def describe(code: Reason, detail: str = "") -> str:
+    """The human text of ``code``: for ``unreadable`` with the OS ``detail``; for
+    ``os-error`` (and a refused name's specific rule) the detail itself."""
+    if code is Reason.UNREADABLE and detail:
+        return f"unreadable directory: {detail}"
+    if detail and code in (Reason.OS_ERROR, Reason.UNSAFE_PATH):
+        return detail
+    return _TEXT[code]
+
+
+def parse_reason(value: object) -> Reason:
+    """A code received from the remote; anything unknown is a plain ``os-error``."""
+    try:
+        return Reason(value)
+    except ValueError:
+        return Reason.OS_ERROR
+
+
+def reason_of(exc: BaseException) -> tuple[Reason, str]:
+    """The code (and OS detail) for an exception raised while opening a path."""
     if not isinstance(exc, OSError):
-        return "unsafe path"
+        return Reason.UNSAFE_PATH, ""
     if exc.errno == errno.ELOOP:
-        return "symlink in path (not followed)"
+        return Reason.SYMLINK_IN_PATH, ""
     if exc.errno == errno.ENOTDIR:
-        return "a parent is not a directory"
-    return exc.strerror or str(exc)
+        return Reason.PARENT_NOT_DIR, ""
+    return Reason.OS_ERROR, exc.strerror or str(exc)
+
+
+def reason_text(exc: BaseException) -> str:
+    """The human text of ``reason_of(exc)``."""
+    return describe(*reason_of(exc))
 
 
 class BadRequest(Exception):

@@ -36,6 +36,10 @@ from filesync.errors import FilesyncError
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "filesync.cli"]
+#: How long a wait for a condition (a process's exit or answer, a file) may take before the
+#: test fails: generous, so that only a condition that never comes fails, never a loaded
+#: machine that is slow to get there.
+DEADLINE = 120.0
 
 
 class Client:
@@ -52,7 +56,7 @@ class Client:
     def run(self, *argv: str, persist: str = "60") -> subprocess.CompletedProcess[str]:
         extra = ["--persist", persist] if persist else []
         return subprocess.run([*CLI, *argv, *extra], env=self.env, capture_output=True,
-                              text=True, timeout=120, check=False)
+                              text=True, timeout=DEADLINE, check=False)
 
     def ok(self, *argv: str) -> dict[str, Any]:
         done = self.run(*argv, "--json")
@@ -62,14 +66,14 @@ class Client:
 
     def status(self) -> dict[str, Any]:
         done = subprocess.run([*CLI, "agent", "status", "--json"], env=self.env,
-                              capture_output=True, text=True, timeout=30, check=False)
+                              capture_output=True, text=True, timeout=DEADLINE, check=False)
         assert done.returncode == 0, (done.stdout, done.stderr)
         status: dict[str, Any] = json.loads(done.stdout)
         return status
 
     def stop(self) -> None:
         subprocess.run([*CLI, "agent", "stop"], env=self.env, capture_output=True,
-                       timeout=30, check=False)
+                       timeout=DEADLINE, check=False)
 
 
 @pytest.fixture
@@ -192,7 +196,7 @@ def test_stale_agent_is_replaced_by_current_code(client: Client, tmp_path: Path)
         local, remote = tmp_path / "local", tmp_path / "remote"
         tree(local)
         assert client.ok("push", str(local), str(remote))["uploaded"] == 30
-        assert old.wait(timeout=30) == 0  # told it is stale, it exits
+        assert old.wait(timeout=DEADLINE) == 0  # told it is stale, it exits
         assert client.status()["pid"] != old.pid
     finally:
         if old.poll() is None:
@@ -204,7 +208,7 @@ def test_agent_exits_after_its_idle_time(client: Client, tmp_path: Path) -> None
     tree(local, 3)
     done = client.run("push", str(local), str(remote), persist="1")
     assert done.returncode == 0, done.stderr
-    _wait_for(lambda: not client.sock.exists(), timeout=30)
+    _wait_for(lambda: not client.sock.exists())
     assert subprocess.run([*CLI, "agent", "status"], env=client.env, capture_output=True,
                           check=False).returncode == 1
 
@@ -255,7 +259,7 @@ def test_other_users_are_not_served(client: Client, tmp_path: Path) -> None:
         done = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}",
                                f"--regid={nobody.pw_gid}", "--clear-groups",
                                "/usr/bin/python3", "-c", probe, str(client.sock)],
-                              capture_output=True, text=True, timeout=30, check=False)
+                              capture_output=True, text=True, timeout=DEADLINE, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() in ("b''", "refused"), done.stdout
         client.sock.parent.chmod(0o700)
@@ -271,7 +275,7 @@ def test_interrupting_the_client_cancels_the_run_safely(client: Client, tmp_path
     client.ok("push", str(local), str(remote))  # the agent is up and warm
     proc, big = big_push_under_way(client, local, remote)
     proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=DEADLINE)
     assert proc.returncode in (0, 130), err
     report = client.ok("push", str(local), str(remote))  # the agent still serves
     assert report["uploaded"] in (0, 1)
@@ -308,7 +312,7 @@ def test_server_in_process(tmp_path: Path) -> None:
                    await asyncio.to_thread(ask, {"op": "status"}),
                    await asyncio.to_thread(ask, {"op": "run", "fingerprint": "other"}),
                    ]
-        await asyncio.wait_for(server, 30)
+        await asyncio.wait_for(server, DEADLINE)
         return replies
 
     pushed, verbose, usage, status, stale = asyncio.run(scenario())
@@ -324,14 +328,14 @@ def test_server_in_process(tmp_path: Path) -> None:
     assert not sock_path.exists()  # the stale request stopped it, and it cleaned up
 
 
-def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
+def _wait_for(predicate: Any, timeout: float = DEADLINE) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
 
 
-async def _async_wait_for(predicate: Any, timeout: float = 30.0) -> None:
+async def _async_wait_for(predicate: Any, timeout: float = DEADLINE) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
@@ -351,7 +355,7 @@ def test_the_client_side_imports_neither_asyncio_nor_the_engine(
              " if m in sys.modules)\n"
              "print(code, heavy)\n")
     done = subprocess.run([sys.executable, "-c", probe, str(local), str(remote)],
-                          env=client.env, capture_output=True, text=True, timeout=60,
+                          env=client.env, capture_output=True, text=True, timeout=DEADLINE,
                           check=False)
     assert done.stdout.strip() == "0 []", (done.stdout, done.stderr)
     assert (remote / "more.txt").read_text() == "one more\n"
@@ -365,7 +369,7 @@ def test_an_agent_killed_mid_run_costs_one_clean_error_and_nothing_else(
     pid = client.status()["pid"]
     proc, big = big_push_under_way(client, local, remote)
     os.kill(pid, signal.SIGKILL)
-    _out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=DEADLINE)
     if proc.returncode != 0:  # the kill landed mid-run (it nearly always does)
         assert proc.returncode == 1
         assert "agent ended mid-run" in one_error_line(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.env import (
+from filesync.backends.env import (
     SNAPSHOT_MARKER,
     ShellInit,
     background_command,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.home import (
+from filesync.backends.home import (
     REAL_HOME_ENV_VAR,
     child_env,
     detect_container,

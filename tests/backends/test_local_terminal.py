@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import LocalTerminal, RunResult
-from backends._session import SnapshotError
+from filesync.backends import LocalTerminal, RunResult
+from filesync.backends._session import SnapshotError
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,27 @@ async def test_bash_is_found_when_the_launch_path_lacks_it(launch: Launch) -> No
 async def test_use_outside_the_session_is_an_error(launch: Launch) -> None:
     with pytest.raises(RuntimeError, match="async with"):
         await terminal(launch).run("true")
+
+
+async def test_path_parameters_take_str_and_pathlike_and_expand_the_tilde(
+    launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caller = tmp_path / "caller"
+    (caller / "work").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(caller))  # ``~`` is the caller's home, as for expanduser
+    monkeypatch.chdir(tmp_path)
+    async with terminal(launch, home_mode="profile", profile_home="~/prof",
+                        sandbox_dir="~/sandbox", cwd="~/work") as t:
+        r = await t.run('echo "$HOME|$PWD"; command -v crontab')
+        bg = await (await t.spawn("pwd", cwd="~")).wait()
+        here = await t.run("pwd", cwd=Path("~/work"))
+    assert r.stdout == f"{caller}/prof|{caller}/work\n{caller}/sandbox/bin/crontab\n"
+    assert bg.stdout.endswith(f"{caller}\n")
+    assert here.stdout == f"{caller}/work\n"
+    assert (caller / "prof" / "tmp").is_dir()
+    assert not list(tmp_path.rglob("~*"))  # no directory named after the tilde
+
+
+async def test_profile_home_as_a_path_object(launch: Launch, tmp_path: Path) -> None:
+    async with terminal(launch, home_mode="profile", profile_home=tmp_path / "p") as t:
+        assert t.env["HOME"] == str(tmp_path / "p")

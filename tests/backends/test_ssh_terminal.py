@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from synctree import junk_tree, skills_tree, snapshot, write
 
-from backends import SSHTerminal
 from filesync import Mapping
+from filesync.backends import SSHTerminal
 
 pytestmark = pytest.mark.sshd
 

@@ -142,8 +142,9 @@ def test_zero_timeouts_keep_their_meaning_of_no_limit(tmp_path: Path) -> None:
 def test_via_errors_name_the_via_command(tmp_path: Path, via: str, code: int,
                                          needle: str) -> None:
     local = write(tmp_path / "local" / "f.txt", "x\n").parent
+    # In tmp_path: what a broken --via command leaves in its working dir stays out of the repo.
     done = cli("push", str(local), str(tmp_path / "remote"), f"--via={via}",
-               "--state-dir", str(tmp_path / "state"))
+               "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
     assert needle in one_line(done, code)
     assert not (tmp_path / "remote").exists()
 
@@ -151,7 +152,7 @@ def test_via_errors_name_the_via_command(tmp_path: Path, via: str, code: int,
 def test_via_errors_of_a_fan_out_name_the_via_command(tmp_path: Path) -> None:
     local = write(tmp_path / "local" / "f.txt", "x\n").parent
     done = cli("push", str(local), "r1", "r2", "--via", "sh -c",
-               "--state-dir", str(tmp_path / "state"))
+               "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 2 and all("through --via 'sh -c'" in line for line in lines), lines

@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 from synctree import skills_tree, snapshot, write
 
+from filesync.cli.config import load_config
 from filesync.cli.main import main
+from filesync.core.exclude import ExcludeRule
+from filesync.errors import UsageError
 
 
 def run(*argv: str) -> tuple[int, Any, str]:
@@ -124,3 +127,33 @@ def test_config_errors_are_one_line_usage_errors(tmp_path: Path, text: str, need
 def test_missing_config_file(tmp_path: Path) -> None:
     code, _, err = run("sync", "--config", str(tmp_path / "nope.toml"))
     assert code == 2 and "does not exist" in err
+
+
+def test_nested_roots_are_excluded_literally_not_as_globs(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "f.toml", """
+remotes = ["host:"]
+[[mapping]]
+local = "/h/a"
+remote = ".hermes"
+[[mapping]]
+local = "/h/b"
+remote = ".hermes/sk[i]lls*"
+""")
+    config = load_config(cfg)
+    nested = config.nested_excludes(config.mappings[0])
+    assert nested == ["/sk\\[i\\]lls\\*"]
+    rule = ExcludeRule.build(nested, default_excludes=False)
+    assert rule.excluded("sk[i]lls*", True)
+    assert not rule.excluded("skills", True) and not rule.excluded("sk[i]lls-old", True)
+
+
+def test_exclude_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "f.toml", """
+remotes = ["host:"]
+[[mapping]]
+local = "/h/a"
+remote = "a"
+exclude = "*.bak"
+""")
+    with pytest.raises(UsageError, match=r"mapping 1: exclude must be a list of pattern strings"):
+        load_config(cfg)

@@ -48,3 +48,16 @@ def test_every_kind_of_deletion_counts_conflict_outcomes_included() -> None:
             + [Action("c", Kind.CONFLICT, Kind.DELETE_REMOTE), Action("u", Kind.UPLOAD)])
     with pytest.raises(SafetyRefusal, match="would delete 21 of 30"):
         check_deletions(plan, 30)
+
+
+@pytest.mark.parametrize("direction,local,remote", [
+    (Direction.PULL, 5, 0), (Direction.PUSH, 0, 5), (Direction.SYNC, 0, 5),
+])
+def test_a_side_emptied_by_the_exclusion_rule_is_named_as_such(
+    direction: Direction, local: int, remote: int,
+) -> None:
+    with pytest.raises(SafetyRefusal) as err:
+        check_roots(direction, 3, local, remote, "/l", "/r",
+                    local_excluded=7, remote_excluded=7)
+    assert "is excluded (7 pruned)" in str(err.value) and "missing" not in str(err.value)
+    assert "--exclude" in str(err.value)

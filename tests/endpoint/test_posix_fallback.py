@@ -30,11 +30,13 @@ from synctree import Pair, junk_tree, skills_tree, snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.endpoint import posix as posix_remote
+from filesync.endpoint import posix_parse
 from filesync.endpoint.contract import FetchHeader, FetchSink, SendItem
 from filesync.endpoint.helper import HelperEndpoint, NoPython
 from filesync.sync.staging import StagingSink
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.local import local_conduit
+from filesync.tree.wire import Reason
 
 Factory = Callable[[int], SshdContainer]
 BOX = 12  # sshd_factory index used by this module
@@ -89,7 +91,7 @@ def archive(*members: bytes) -> bytes:
 
 
 def listed(size: int, mtime: int) -> Any:
-    return posix_remote._Listed(size, mtime * 10**9, f"{size} {mtime}")
+    return posix_parse.Listed(size, mtime * 10**9, f"{size} {mtime}")
 
 
 def cwd_files(root: Path) -> list[str]:
@@ -138,7 +140,7 @@ def test_crafted_stream_only_exact_regular_members_reach_the_sink(
             "../pax-escape.txt"} <= refused
     parser.finish({"ok.txt": (len(good), 1000 * 10**9, f"{len(good)} 1000"),
                    "d" * 120 + "/long.txt": (10, 1000 * 10**9, "10 1000")},
-                  {"never-sent.txt": "No such file or directory"})
+                  {"never-sent.txt": (Reason.OS_ERROR, "No such file or directory")})
     assert sink.failures["never-sent.txt"] == "No such file or directory"
     assert sink.failures["escape.txt"] == "vanished from the remote"
     assert "ok.txt" not in sink.failures
@@ -179,8 +181,8 @@ def test_trailer_is_found_only_with_the_nonce() -> None:
     nonce = b"f00d"
     region = (b"\0" * 600 + b"\nbeef rc 0\nbeef end\n"
               + b"\nf00d rc 1\nE tar: x\nS 1 2 ./a\nf00d end\n")
-    assert posix_remote._trailer(region, nonce) == (1, ["E tar: x", "S 1 2 ./a"])
-    assert posix_remote._trailer(region[:-9], nonce) is None  # cut before its end line
+    assert posix_parse.trailer(region, nonce) == (1, ["E tar: x", "S 1 2 ./a"])
+    assert posix_parse.trailer(region[:-9], nonce) is None  # cut before its end line
 
 
 def test_bsd_stat_listing_is_parsed_and_pruned() -> None:
@@ -198,7 +200,7 @@ def test_bsd_stat_listing_is_parsed_and_pruned() -> None:
         b"100644 1 18 3 1700000008 ./.filesync.99.1.tmp",
         b"END 1",
     ]) + b"\n"
-    records = posix_remote._parse_records(out, posix_remote.STAT_F)
+    records = posix_parse.parse_records(out, posix_remote.STAT_F)
     session = posix_remote.PosixEndpoint.__new__(posix_remote.PosixEndpoint)
     session._listed, session._stale = {}, {}
     rule = ExcludeRule.build(["cache/"])
@@ -219,9 +221,9 @@ def test_bsd_stat_listing_is_parsed_and_pruned() -> None:
 def test_a_listing_without_its_end_mark_is_an_error_not_a_shorter_tree() -> None:
     cut = b"f 1 2 644 5 1700000000.5000000000 ./a\0f 1 3 644 5 1700000000.0000000000 ./b\0"
     with pytest.raises(posix_remote.TransportError) as err:
-        posix_remote._parse_records(cut, posix_remote.GNU_FIND)
+        posix_parse.parse_records(cut, posix_remote.GNU_FIND)
     assert "did not finish" in str(err.value)
-    [a, b] = posix_remote._parse_records(cut + b"END 0\0", posix_remote.GNU_FIND)
+    [a, b] = posix_parse.parse_records(cut + b"END 0\0", posix_remote.GNU_FIND)
     assert (a.rel, a.mtime_ns, b.mtime_ns) == ("a", 1700000000_500000000, 1700000000 * 10**9)
 
 
@@ -234,9 +236,9 @@ def test_a_listing_without_its_end_mark_is_an_error_not_a_shorter_tree() -> None
      "the remote has no python3 and no mv and tr; install python3 (preferred) or coreutils"),
 ])
 def test_what_is_missing_is_named(facts: dict[str, list[str]], message: str) -> None:
-    problem = posix_remote._missing_tools_error(facts)
+    problem = posix_parse.missing_tools_error(facts)
     assert problem is not None and message in problem and "\n" not in problem
-    assert posix_remote._missing_tools_error(
+    assert posix_parse.missing_tools_error(
         {"tar": [""], "tarlist": ["1"], "find": ["1"], "stat": ["f"]}) is None
 
 
@@ -263,8 +265,9 @@ def force_fallback(monkeypatch: pytest.MonkeyPatch, tools: posix_remote.Tools | 
         real = posix_remote.PosixEndpoint.start.__func__  # type: ignore[attr-defined]
 
         async def with_tools(cls: type[posix_remote.PosixEndpoint], conduit: Conduit,
-                             *, tools: posix_remote.Tools | None = tools) -> HelperEndpoint:
-            session: HelperEndpoint = await real(cls, conduit, tools=tools)
+                             *, tools: posix_remote.Tools | None = tools
+                             ) -> posix_remote.PosixEndpoint:
+            session: posix_remote.PosixEndpoint = await real(cls, conduit, tools=tools)
             return session
 
         monkeypatch.setattr(posix_remote.PosixEndpoint, "start", classmethod(with_tools))
@@ -457,7 +460,7 @@ def test_a_stream_cut_short_commits_nothing(tmp_path: Path) -> None:
     outcomes = asyncio.run(go())
     assert {o.status for o in outcomes} == {"error"}
     assert "did not get the whole stream" in outcomes[0].reason
-    assert cwd_files(root) == ["d", "old.txt"]  # no file, no temp file
+    assert cwd_files(root) == ["old.txt"]  # no file, no temp file, no directory
 
 
 @pytest.mark.parametrize(
@@ -663,9 +666,9 @@ def test_cuts_mid_push_and_mid_pull_then_reruns_converge(spair: SshPair, box: Ss
     write(spair.local / "web" / "assets" / "video.bin", big)
     assets = spair.remote / "web" / "assets"
 
-    def uploading() -> bool:
-        return any(p.name.startswith(".filesync.") and p.stat().st_size > 0
-                   for p in assets.iterdir())
+    def uploading() -> bool:  # the fallback's temp files live in the root
+        return any(p.name.startswith(".filesync.") and p.stat().st_size > (1 << 20)
+                   for p in spair.remote.iterdir())
 
     watcher = cut_when(box, uploading)
     code, report = spair.run("push")

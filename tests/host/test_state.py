@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,15 @@ def test_lock_is_held_against_another_process(tmp_path: Path) -> None:
         first.close()
 
 
+def lock_fds(lock: Path) -> int:
+    """How many descriptors of this process have the lock file open."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(lock)
+    return count
+
+
 def test_lock_timeout_waits_for_the_holder(tmp_path: Path) -> None:
     held = threading.Event()
     closing = threading.Event()
@@ -178,7 +189,12 @@ def test_lock_timeout_waits_for_the_holder(tmp_path: Path) -> None:
             try:
                 first.put_ancestors([("from-first", anc(1))])
                 held.set()
-                threading.Event().wait(0.3)  # let the waiter poll the held lock a few times
+                # Hold on until the waiter has the lock file open too (it is then in its
+                # wait loop), so the wait really happens, however slow the machine is.
+                deadline = time.monotonic() + 60
+                while lock_fds(first.dir / "lock") < 2:
+                    assert time.monotonic() < deadline, "the second open never waited"
+                    threading.Event().wait(0.01)
             finally:
                 closing.set()
                 first.close()

@@ -191,7 +191,7 @@ def play(
 
 
 @settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     files=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(MODES), max_size=len(NAMES)),
     local_edits=st.lists(st.sampled_from(EDITS), min_size=len(NAMES), max_size=len(NAMES)),

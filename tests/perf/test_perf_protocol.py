@@ -30,10 +30,12 @@ from synctree import Pair, skills_tree, snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.contract import FetchHeader, FetchSink, SendItem
-from filesync.endpoint.helper import DIRECT_AT, FLUSH_AT, HelperEndpoint
+from filesync.endpoint.helper import HelperEndpoint
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.local import CommandConduit, command_argv, local_conduit
 from filesync.tree import dirfd, paths, server, wire
+from filesync.tree.wire import DIRECT as DIRECT_AT  # the size past which data goes straight through
+from filesync.tree.wire import FLUSH_AT
 
 HEADER = struct.Struct(">cI")
 RULE = ExcludeRule.build(default_excludes=False)
@@ -204,7 +206,7 @@ def served() -> Iterator[Helper]:
 
 
 def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # generous: a loaded machine is slow, never wrong
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.01)

@@ -9,7 +9,7 @@ import pytest
 from synctree import Pair, write
 
 import filesync.transport.ssh.conduit
-from backends.ssh import SSHTerminal
+from filesync.backends.ssh import SSHTerminal
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import drop_session
@@ -98,3 +98,39 @@ def test_ssh_terminal_refuses_a_mapping_with_a_missing_local_root_before_connect
 
     with pytest.raises(FilesyncError, match=r"absent of mapping .* does not exist; create it"):
         asyncio.run(main())
+
+
+def test_a_pull_whose_excludes_match_everything_says_so_not_missing(tmp_path: Path) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    write(pair.local / "a.txt", "a\n")
+    write(pair.local / "d" / "b.txt", "b\n")
+    pair.ok("push")
+    code, _ = pair.run("pull", "--exclude", "*")
+    line = one_clean_line(pair)
+    assert code == 3 and "is excluded" in line and "missing" not in line, line
+    assert (pair.local / "a.txt").read_text() == "a\n"
+
+
+def test_max_file_size_limits_a_pull_and_says_so_on_stderr(tmp_path: Path) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    write(pair.remote / "small.txt", "s\n")
+    write(pair.remote / "big.bin", "b" * 5000)
+    code, report = pair.run("pull", "--max-file-size", "1K")
+    assert code == 0
+    assert (pair.local / "small.txt").exists() and not (pair.local / "big.bin").exists()
+    assert [s["path"] for s in report["skipped"]] == ["big.bin"]
+    assert "max-file-size" in report["skipped"][0]["reason"]
+    warning = [ln for ln in pair.stderr.splitlines() if ln.startswith("filesync: warning: ")]
+    assert len(warning) == 1 and "big.bin left out: 5000 bytes" in warning[0], pair.stderr
+
+
+def test_max_file_size_never_stops_a_push_nor_what_it_must_keep(tmp_path: Path) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    write(pair.local / "big.bin", "host " * 1000)
+    write(pair.remote / "big.bin", "remote " * 1000)  # differs, no ancestor: saved, replaced
+    code, report = pair.run("push", "--max-file-size", "1K", "--max-pull-bytes", "1K")
+    assert code == 0, pair.stderr
+    assert (pair.remote / "big.bin").read_text() == "host " * 1000
+    assert report["skipped"] == [] and "warning" not in pair.stderr
+    saved = [Path(c["saved_to"]) for c in report["conflicts"]]
+    assert [p.read_text() for p in saved] == ["remote " * 1000]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gitoracle import GitOracle
 from synctree import Pair, junk_tree, skills_tree, snapshot, write
 
 # docs/json.md: the counters and lists of before, with schema, files, pruned, pairs
@@ -401,3 +402,25 @@ def test_a_local_dir_turned_symlink_deletes_nothing_on_the_remote(
     report = pair.ok("push")
     assert report["deleted_remote"] == 0
     assert (pair.remote / "pdf" / "SKILL.md").exists()
+
+
+#: The issue's three examples and git's corner cases, as a Windows editor saves them (CRLF).
+GIT_LINES = ["*.log.d", "!keep", "**/sub/", "!ü.md", "b/", "# a comment", "*.tmp  ",
+             "!/pdf/keep.tmp", "[[:upper:]]*.md", "x/a**/b", "?.md"]
+
+
+def test_push_uploads_exactly_what_git_keeps(pair: Pair, tmp_path: Path) -> None:
+    """Same lines in .filesyncignore and .gitignore: the push uploads git's untracked set."""
+    for rel in ["keep/x.log.d/f", "keep/g", "x.log/ü.md/sub/b", "x.log/ü.md/c",
+                "ü.md/b/a/a", "ü.md/c", "pdf/a.tmp", "pdf/keep.tmp", "x/ab", "x/ay/z/b",
+                "x/ayb", "a.md", "ä.md"]:
+        write(pair.local / rel, rel)
+    text = "".join(line + "\r\n" for line in GIT_LINES)
+    write(pair.local / ".filesyncignore", text)
+    write(pair.local / ".gitignore", text)
+    report = pair.ok("push", "--no-default-excludes")
+    kept = GitOracle(tmp_path / "git").kept_files(pair.local) | {".gitignore"}
+    assert {"keep/x.log.d/f", "x.log/ü.md/sub/b", "ü.md/b/a/a", "pdf/SKILL.md"}.isdisjoint(kept)
+    assert {"keep/g", "pdf/keep.tmp", "x/ayb", "ä.md", ".hub/lock.json"} <= kept
+    assert set(snapshot(pair.remote)) == kept
+    assert report["uploaded"] == len(kept)

@@ -284,7 +284,7 @@ def test_list_applies_the_rule_and_reports_skips(client: Client, root: Path) -> 
         st.st_ino,
         1,
     ]
-    assert reply["skipped"] == [["link", "symlink (not followed)"]]
+    assert reply["skipped"] == [["link", "symlink", ""]]
     assert reply["excluded"] == 2
 
 
@@ -331,16 +331,16 @@ def test_fetch_errors_are_per_file(client: Client, root: Path, tmp_path: Path) -
         "filelink", "ok.txt/x", "ok.txt",
     ]  # fmt: skip
     got = {f.header["path"]: f for f in client.fetch(root, paths)}
-    errors = {p: f.header.get("error") for p, f in got.items()}
+    errors = {p: (f.header.get("error"), f.header.get("detail", "")) for p, f in got.items()}
     assert errors == {
-        "missing.txt": os.strerror(errno.ENOENT),
-        "fifo": "not a regular file",
-        "sub": "not a regular file",
-        "../outside/secret.txt": "unsafe path",
-        str(outside): "unsafe path",
-        "filelink": "symlink in path (not followed)",
-        "ok.txt/x": "a parent is not a directory",
-        "ok.txt": None,
+        "missing.txt": ("os-error", os.strerror(errno.ENOENT)),
+        "fifo": ("not-regular", ""),
+        "sub": ("not-regular", ""),
+        "../outside/secret.txt": ("unsafe-path", ""),
+        str(outside): ("unsafe-path", ""),
+        "filelink": ("symlink-in-path", ""),
+        "ok.txt/x": ("parent-not-a-directory", ""),
+        "ok.txt": (None, ""),
     }
     assert got["ok.txt"].data == b"fine"
     assert all(b"secret" not in f.data for f in got.values())
@@ -370,7 +370,7 @@ def test_fetch_reports_a_torn_read(client: Client, root: Path) -> None:
         if kind == b"E":
             break
         assert kind == b"D"
-    assert json.loads(payload) == {"ok": False, "error": "changed while being read"}
+    assert json.loads(payload) == {"ok": False, "error": "torn"}
     assert client.reply() == {"done": True}
 
 
@@ -459,7 +459,7 @@ def test_send_refuses_unsafe_paths(client: Client, tmp_path: Path, rel: str) -> 
     if rel.startswith("/"):
         rel = str(tmp_path / "abs" / "x")
     results = client.send(root, [Upload(rel, b"evil"), Upload("fine.txt", b"ok")])
-    assert results[0] == [rel, "error", "unsafe path"]
+    assert results[0] == [rel, "error", "unsafe-path", ""]
     assert results[1][:2] == ["fine.txt", "ok"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["fine.txt", "root"]
 
@@ -493,7 +493,7 @@ def test_send_does_not_replace_a_symlink_or_write_through_it(
 def test_send_under_a_file_is_refused(client: Client, root: Path) -> None:
     put(root, "f.txt")
     assert client.send(root, [Upload("f.txt/x", b"1")]) == [
-        ["f.txt/x", "error", "a parent is not a directory"]
+        ["f.txt/x", "error", "parent-not-a-directory", ""]
     ]
 
 
@@ -506,7 +506,7 @@ def test_failed_sends_leave_no_temp_files(client: Client, root: Path) -> None:
         Upload("f.txt", b"new", expect=[999, 999]),
         Upload("ok.txt", b"fine"),
     ])  # fmt: skip
-    assert results[0] == ["aborted.txt", "error", "read error on the host"]
+    assert results[0] == ["aborted.txt", "error", "os-error", "read error on the host"]
     assert results[1][:2] == ["dir", "changed"]
     assert results[2][:2] == ["f.txt", "changed"]
     assert results[3][:2] == ["ok.txt", "ok"]
@@ -599,8 +599,8 @@ def test_delete_refuses_unsafe_and_symlinked_paths(
     assert secret.exists()
     assert (root / "link").is_symlink()
     assert results[:2] == [
-        ["../outside/secret.txt", "error", "unsafe path"],
-        [str(secret), "error", "unsafe path"],
+        ["../outside/secret.txt", "error", "unsafe-path", ""],
+        [str(secret), "error", "unsafe-path", ""],
     ]
     assert results[2][:2] == ["link/secret.txt", "error"]
 
@@ -608,10 +608,10 @@ def test_delete_refuses_unsafe_and_symlinked_paths(
 def test_a_symlinked_parent_is_reported_as_a_symlink(
     client: Client, root: Path, tmp_path: Path
 ) -> None:
-    """ELOOP maps to "symlink in path"; a symlinked *parent* dir must get the same reason."""
+    """ELOOP maps to "symlink-in-path"; a symlinked *parent* dir must get the same code."""
     secret = put(tmp_path, "outside/secret.txt", b"s")
     (root / "link").symlink_to(secret.parent, target_is_directory=True)
-    reason = "symlink in path (not followed)"
+    reason = "symlink-in-path"
     fetched = client.fetch(root, ["link/secret.txt"])
     sent = client.send(root, [Upload("link/new.txt", b"x")])
     deleted = client.delete(root, [as_listed("link/secret.txt", secret)])

@@ -1,0 +1,298 @@
+"""``AsyncSession``: push, pull, sync and status of mappings over one kept connection.
+
+Guarantees:
+
+- one connection for the session's life, opened on the first call (``conduit=``: a
+  ``Conduit``, or a factory called for it); a connection found dead is replaced on the
+  next call, and a call that loses a connection opened by an earlier call is run once
+  more on a new one (passes are idempotent: what was done is recorded);
+- calls are serialized (one at a time, in the order they were made); a call after
+  ``close()`` raises ``SessionClosed``; ``close()`` waits for the running call, then ends
+  the remote helper and the connection, and is safe to call twice;
+- before any pass of ``push``, ``pull`` or ``sync`` runs, every mapping of the call is
+  planned (``BadMapping``) and checked against self-sync (``SelfSync``): either refusal
+  leaves both sides as they were. ``status`` runs the passes dry: nothing changes;
+- an ``AsyncSession`` belongs to the event loop of its first call (its connection does);
+  code without one loop for the session's life uses ``Session``;
+- passes run in mapping order and the first failure is raised (the passes before it are
+  done and recorded); ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
+  by it leaves nothing half-applied (the engine journals every change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from filesync.core.reconcile import Direction
+from filesync.endpoint.connect import drop_session, session_for
+from filesync.errors import ConnectionLost, SessionClosed, SessionTimeout, UsageError
+from filesync.mapping import Mapping
+from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
+from filesync.session.selfsync import refuse_self_sync
+from filesync.sync.engine import Options, Report, run_pass
+from filesync.transport.base import Conduit
+from filesync.transport.local import CommandConduit
+from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote
+
+#: Where a session's connection comes from: a conduit, or a factory that opens one.
+ConduitSource = Conduit | Callable[[], Awaitable[Conduit]]
+StrPath = str | os.PathLike[str]
+Mappings = Mapping | Sequence[Mapping]
+
+
+@dataclass
+class SessionReport(Report):
+    """A ``Report`` summed over the passes of one call, plus each pass's own.
+
+    Counters are sums; lists are joined in mapping order, their paths relative to each
+    pass's root (the mapping's directory, or a single file's parent). ``passes`` pairs
+    each mapping that ran with its ``Report`` (``pull`` leaves upload-only ones out).
+    """
+
+    passes: list[tuple[Mapping, Report]] = field(default_factory=list)
+
+    def add(self, mapping: Mapping, report: Report) -> None:
+        self.passes.append((mapping, report))
+        for name in ("uploaded", "downloaded", "deleted_local", "deleted_remote", "excluded",
+                     "bytes_sent", "bytes_received"):
+            setattr(self, name, getattr(self, name) + getattr(report, name))
+        self.seconds += report.seconds
+        self.conflicts += report.conflicts
+        self.skipped += report.skipped
+        self.plan += report.plan
+        self.open_conflicts += report.open_conflicts
+        self.errors += report.errors
+        self.changes += report.changes
+        self.pruned += report.pruned
+
+
+_BARE_HOST = re.compile(r"^(?:[^@/:]+@)?(?:\[[^\]/]+\]|[^@/:\[\]~.][^@/:\[\]]*)$")
+
+
+def remote_target(remote: StrPath) -> Target:
+    """The session's remote: ``[user@]host[:base]``, ``ssh://[user@]host[:port][/base]``,
+    or a local path or ``file://`` URL (``~`` expanded)."""
+    if isinstance(remote, os.PathLike):
+        return parse_remote(os.path.expanduser(os.fspath(remote)))
+    return parse_remote(f"{remote}:" if _BARE_HOST.match(remote) else remote)
+
+
+class AsyncSession:
+    """Sync mappings with one remote over one connection (see the module docstring).
+
+    ``remote``: ``[user@]host``, ``[user@]host:base``, ``ssh://[user@]host[:port]/base``,
+    a local path or ``file://`` URL (the local transport); a mapping's relative remote
+    path lies under the base (default: the remote home, or the local path given).
+    ``via``: a command that reaches the remote's shell (``"docker exec -i box"``);
+    ``remote`` is then the base path there. ``conduit``: a custom transport (a ``Conduit``
+    or an async factory of one); ``remote`` is then the base path (default ``"."``).
+    """
+
+    def __init__(
+        self,
+        remote: StrPath | None = None,
+        *,
+        conduit: ConduitSource | None = None,
+        ssh_config: StrPath | None = None,
+        identity: StrPath | None = None,
+        via: str | Sequence[str] | None = None,
+        state_dir: StrPath | None = None,
+        exclude: Sequence[str] = (),
+        default_excludes: bool = True,
+        accept_new_host_key: bool = False,
+        timeout: float | None = None,
+        lock_timeout: float | None = None,
+        connect_timeout: float = 15.0,
+        force: bool = False,
+        max_file_size: int = 1 << 30,
+        max_pull_bytes: int = 2 << 30,
+        watch: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        if isinstance(exclude, str):
+            raise UsageError("exclude takes a list of patterns, not one string")
+        self._source = conduit
+        self._target: Target | None = None
+        self._via: list[str] = []
+        self._via_label = ""
+        if conduit is not None or via is not None:
+            self._base = os.fspath(remote) if remote is not None else "."
+            if via is not None:
+                self._via = shlex.split(via) if isinstance(via, str) else list(via)
+                # The CLI's identity for --via, so both share the pair's state.
+                self._via_label = f"via:{via if isinstance(via, str) else shlex.join(via)}"
+                if not self._via:
+                    raise UsageError("via needs a command, such as via='docker exec -i NAME'")
+        elif remote is None:
+            raise UsageError("give the session a remote ([user@]host, a path) or a conduit")
+        else:
+            self._target = remote_target(remote)
+            self._base = self._target.path
+        self._connect = ConnectOptions(
+            ssh_config=_path(ssh_config), identity=_path(identity),
+            accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, log=log,
+        )
+        self._rules = Rules(tuple(exclude), default_excludes)
+        self.state_dir = state_dir_of(state_dir)
+        #: The bound on each call, in seconds (None: none); may be changed between calls.
+        self.timeout = timeout
+        self._options = Options(Direction.PUSH, state_dir=self.state_dir, force=force,
+                                lock_timeout=lock_timeout or 0.0, max_file_size=max_file_size,
+                                max_pull_bytes=max_pull_bytes, log=log, watch=watch)
+        self._watch = watch
+        self._log = log
+        self._conduit: Conduit | None = None
+        self._checked: set[tuple[Path, str]] = set()
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+        #: How many connections this session opened (one, unless one was lost).
+        self.connections_opened = 0
+
+    # -- the calls ----------------------------------------------------------------
+
+    async def push(self, mappings: Mappings) -> SessionReport:
+        """Push every mapping (two-way and upload-only): the remote gets the local state."""
+        return await self._call(Call.PUSH, mappings)
+
+    async def pull(self, mappings: Mappings) -> SessionReport:
+        """Pull the two-way mappings; upload-only ones are never written back."""
+        return await self._call(Call.PULL, mappings)
+
+    async def sync(self, mappings: Mappings) -> SessionReport:
+        """Sync two-way mappings both ways (conflicts keep both versions); push the rest."""
+        return await self._call(Call.SYNC, mappings)
+
+    async def status(self, mappings: Mappings) -> SessionReport:
+        """The plan ``sync`` would carry out (``report.plan``), changing nothing."""
+        return await self._call(Call.STATUS, mappings)
+
+    async def close(self) -> None:
+        """Wait for the running call, then end the helper and the connection."""
+        self._closed = True
+        async with self._serial():
+            conduit, self._conduit = self._conduit, None
+            if conduit is not None:
+                await _release(conduit, polite=True)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _serial(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def _call(self, call: Call, mappings: Mappings) -> SessionReport:
+        items = as_list(mappings)
+        if self._closed:
+            raise closed_error()
+        async with self._serial():
+            if self._closed:
+                raise closed_error()
+            if self.timeout is None:
+                return await self._run(call, items)
+            try:
+                return await asyncio.wait_for(self._run(call, items), self.timeout)
+            except TimeoutError:
+                raise SessionTimeout(
+                    f"the {call.value} took longer than timeout={self.timeout} s; call "
+                    "again to continue (nothing was half-applied) or raise the timeout"
+                ) from None
+
+    async def _run(self, call: Call, items: list[Mapping]) -> SessionReport:
+        reused = self._conduit is not None and self._conduit.alive
+        try:
+            return await self._passes(call, items)
+        except ConnectionLost:
+            await self._forget_connection()
+            if not reused or isinstance(self._source, Conduit):
+                raise
+            # A kept connection died while idle (a server restart, an evicted NAT entry):
+            # the call runs again on a new one; passes done already are recorded no-ops.
+            return await self._passes(call, items)
+
+    async def _passes(self, call: Call, items: list[Mapping]) -> SessionReport:
+        conduit = await self._connection()
+        endpoint = await session_for(conduit, self._log, watch=self._watch)
+        specs = await plan_passes(call, items, endpoint, self._base, self._rules,
+                                  self.state_dir)
+        if call is not Call.STATUS:
+            for spec in specs:
+                await self._check(conduit, spec)
+        report = SessionReport()
+        for spec in specs:
+            report.add(spec.mapping, await self._pass(conduit, spec, call))
+        return report
+
+    async def _check(self, conduit: Conduit, spec: PassSpec) -> None:
+        key = (spec.local_root, spec.remote_root)
+        if key not in self._checked:
+            await refuse_self_sync(conduit, spec.local_root, spec.remote_root, self._log)
+            self._checked.add(key)
+
+    async def _pass(self, conduit: Conduit, spec: PassSpec, call: Call) -> Report:
+        opts = dataclasses.replace(self._options, direction=spec.direction, rule=spec.rule,
+                                   state_dir=spec.state_dir, dry_run=call is Call.STATUS)
+        return await run_pass(conduit, spec.local_root, spec.remote_path, opts,
+                              spec.plan_filter())
+
+    async def _connection(self) -> Conduit:
+        if self._conduit is not None and not self._conduit.alive:
+            await self._forget_connection()
+        if self._conduit is None:
+            self._conduit = await self._open()
+            self.connections_opened += 1
+            self._checked.clear()
+        return self._conduit
+
+    async def _open(self) -> Conduit:
+        source = self._source
+        if isinstance(source, Conduit):
+            if self.connections_opened:
+                raise ConnectionLost("the session's conduit was lost; open a new session "
+                                     "(pass a conduit factory to reconnect on its own)")
+            return source
+        if source is not None:
+            return await source()
+        if self._target is None:
+            return CommandConduit(self._via, self._via_label)
+        return await open_conduit(self._target, self._connect)
+
+    async def _forget_connection(self) -> None:
+        conduit, self._conduit = self._conduit, None
+        if conduit is not None:
+            await _release(conduit, polite=False)
+
+
+async def _release(conduit: Conduit, *, polite: bool) -> None:
+    try:
+        await drop_session(conduit, polite=polite)
+    finally:
+        await conduit.close()
+
+
+def closed_error() -> SessionClosed:
+    """The error of a call after ``close()``."""
+    return SessionClosed("this filesync session is closed; open a new Session to sync again")
+
+
+def _path(value: StrPath | None) -> Path | None:
+    return None if value is None else Path(os.path.expanduser(os.fspath(value)))

@@ -1,0 +1,183 @@
+"""From the mappings of one session call to the passes that carry it out.
+
+Guarantees:
+
+- one pass per mapping, in the order given; ``pull`` leaves upload-only mappings out,
+  ``sync`` and ``status`` push them (an upload-only mapping is never written back);
+- nested mappings: the innermost owns a path (``filesync.mapping.nested_excludes``, fed
+  with remote roots resolved as the remote helper resolves them), upload-only inner
+  mappings included, so an outer two-way pull never brings an inner credential back;
+- a single-file mapping is a pass over the file's parent directory whose rule admits only
+  that one name (and whose plan is cut to it), with its own state under
+  ``STATE_DIR/files/``: it never lists, changes or deletes another file of either parent,
+  and it shares no ancestor, lock or journal with a directory mapping of the same parent.
+  Both sides must name the file alike (the engine maps paths one to one); a differing
+  basename is refused with ``BadMapping``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from filesync.core.exclude import ExcludeRule
+from filesync.core.reconcile import Action, Direction
+from filesync.endpoint.contract import Endpoint
+from filesync.errors import BadMapping, UsageError
+from filesync.mapping import UPLOAD_ONLY, Mapping, literal_pattern, nested_excludes
+
+
+class Call(Enum):
+    """What a session call does."""
+
+    PUSH = "push"
+    PULL = "pull"
+    SYNC = "sync"
+    STATUS = "status"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The session-wide exclusion settings."""
+
+    exclude: tuple[str, ...]
+    default_excludes: bool
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One pass of one mapping."""
+
+    mapping: Mapping
+    direction: Direction
+    local_root: Path  # the directory the pass walks: the mapping's, or a file's parent
+    remote_path: str  # the remote root as written, joined to the session's base
+    remote_root: str  # ``remote_path`` resolved by the remote helper (absolute)
+    name: str | None  # a single-file mapping's file name
+    rule: ExcludeRule
+    state_dir: Path
+
+    def plan_filter(self) -> Callable[[list[Action]], list[Action]] | None:
+        """For a single file, the plan cut to that file (the rule already admits only it;
+        this keeps the promise even if a listing brought something else)."""
+        name = self.name
+        if name is None:
+            return None
+        return lambda plan: [a for a in plan if a.path == name]
+
+
+def as_list(mappings: Mapping | Sequence[Mapping]) -> list[Mapping]:
+    """The call's mappings as a list; refuses anything that is not a ``Mapping``."""
+    items = [mappings] if isinstance(mappings, Mapping) else list(mappings)
+    for m in items:
+        if not isinstance(m, Mapping):
+            raise UsageError(f"{m!r} is not a filesync.Mapping; pass Mapping(local, remote)")
+    return items
+
+
+def join_remote(base: str, remote: str) -> str:
+    """A mapping's remote path on the session's remote: relative paths go under ``base``."""
+    if remote.startswith(("/", "~")) or base in ("", "."):
+        return remote
+    return posixpath.join(base, remote)
+
+
+def direction_of(call: Call, mapping: Mapping) -> Direction | None:
+    """The pass direction of ``mapping`` in ``call``; None: the mapping is left out."""
+    if mapping.mode == UPLOAD_ONLY:
+        return None if call is Call.PULL else Direction.PUSH
+    return {Call.PUSH: Direction.PUSH, Call.PULL: Direction.PULL}.get(call, Direction.SYNC)
+
+
+async def plan_passes(
+    call: Call,
+    mappings: list[Mapping],
+    endpoint: Endpoint,
+    base: str,
+    rules: Rules,
+    state_dir: Path,
+) -> list[PassSpec]:
+    """The passes of ``call``; raises ``BadMapping`` before any pass runs."""
+
+    def resolved(remote: str) -> str:
+        return endpoint.resolve_root(join_remote(base, remote))
+
+    out: list[PassSpec] = []
+    for m in mappings:
+        direction = direction_of(call, m)
+        if direction is None:
+            continue
+        remote_path = join_remote(base, m.remote)
+        remote_root = endpoint.resolve_root(remote_path)
+        local = _local_path(m.local)
+        patterns = [*rules.exclude, *m.exclude]
+        if await _is_file(local, remote_root, endpoint):
+            name = local.name
+            rname = posixpath.basename(remote_root)
+            if rname != name:
+                raise BadMapping(
+                    f"single-file mapping {m.local} -> {m.remote}: the remote side must "
+                    f"name the file {name!r} too (got {rname or '/'!r}); give the remote "
+                    f"path ending in /{name}"
+                )
+            rule = _build(["/*", "!" + literal_pattern(name), *patterns], rules, None)
+            key = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            parent = posixpath.dirname(remote_path) or "."
+            out.append(PassSpec(m, direction, local.parent, parent,
+                                posixpath.dirname(remote_root), name, rule,
+                                state_dir / "files" / key))
+        else:
+            nested = nested_excludes(m, mappings, remote_root=resolved)
+            rule = _build([*patterns, *nested], rules, local)
+            out.append(PassSpec(m, direction, local, remote_path, remote_root, None, rule,
+                                state_dir))
+    return out
+
+
+def _local_path(text: str) -> Path:
+    """The mapping's local path with its parents resolved; the last part is resolved too
+    when it is a directory (as the CLI does), never when it is a symlink to a file (the
+    walk does not follow symlinks, so such a file could never sync)."""
+    path = Path(os.path.abspath(text))
+    if path.is_symlink() and not path.is_dir():
+        raise BadMapping(f"{text} is a symlink; map the file it points to")
+    return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
+
+
+def _build(patterns: list[str], rules: Rules, root: Path | None) -> ExcludeRule:
+    try:
+        return ExcludeRule.build(patterns, default_excludes=rules.default_excludes, root=root)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"bad exclude pattern ({exc}); use gitignore syntax") from None
+
+
+async def _is_file(local: Path, remote_root: str, endpoint: Endpoint) -> bool:
+    """Whether the mapping names a single file: the local side says so when it exists
+    (a directory or a regular file), else the remote side does."""
+    if local.is_dir():
+        return False
+    if local.exists():
+        if not local.is_file():
+            raise BadMapping(f"{local} is neither a directory nor a regular file; map a "
+                             "directory or a file")
+        return True
+    name = posixpath.basename(remote_root)
+    if not name:
+        return False
+    only = ExcludeRule.build(["/*", "!" + literal_pattern(name)], default_excludes=False)
+    listing = await endpoint.list_tree(posixpath.dirname(remote_root), only)
+    return name in listing.files()
+
+
+def state_dir_of(path: str | os.PathLike[str] | None) -> Path:
+    """The state dir: the given one with ``~`` expanded, else the CLI's default."""
+    from filesync.host.state import default_state_dir
+
+    if path is None:
+        return default_state_dir()
+    return Path(os.path.expanduser(os.fspath(path)))

@@ -1,0 +1,103 @@
+"""The self-sync guard: refuse a pair whose two roots are one tree reached twice.
+
+A remote root that is the local root, contains it or lies inside it (``localhost``, a
+shared mount, a bind mount seen under another name) would make a pass read its own
+writes. Paths cannot tell (different mount points, symlinks, hosts), so the guard asks
+the tree itself: it writes a nonce file with a unique name under the local root and
+looks for it on the remote, under every place the local root would appear if the trees
+were one:
+
+- ``R/nonce``: the remote root ``R`` is the local root;
+- ``R/<last k parts of the local root>/nonce``: ``R`` contains the local root;
+- ``<k-th parent of R>/nonce``, lexically and through ``..``: ``R`` lies inside it.
+
+The nonce is removed in every case (``finally``). Where this process cannot write in the
+local tree (a read-only mount), the check is skipped: a pull into it fails as any write
+does, and a push from it is what the caller meant. Its name is the engine's temp-file
+form with this process's pid (``.filesync.PID.N.tmp``), so a concurrent scan of the
+same tree never syncs it and a walk after a crash removes it. Where the local root does
+not exist yet, its nearest existing parent carries the nonce and only the first two
+checks apply (nothing can lie inside a tree that does not exist).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import secrets
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+from filesync.errors import FilesyncError, SelfSync, TransportError
+from filesync.transport.base import Conduit
+
+
+def candidates(local_root: Path, remote_root: str, nonce: str, inside: bool) -> list[str]:
+    """The remote paths where ``nonce`` (written in ``local_root``) shows if the trees
+    are one; ``inside``: also the parents of ``remote_root``."""
+    root = posixpath.normpath(remote_root)
+    out = [posixpath.join(root, nonce)]
+    parts = local_root.parts[1:]
+    for k in range(1, len(parts) + 1):
+        out.append(posixpath.join(root, *parts[-k:], nonce))
+    if inside:
+        parent, ups = root, ""
+        while parent != "/":
+            parent = posixpath.dirname(parent)
+            ups += "../"
+            out.append(posixpath.join(parent, nonce))
+            out.append(f"{root}/{ups}{nonce}")
+    return out
+
+
+async def refuse_self_sync(
+    conduit: Conduit, local_root: Path, remote_root: str,
+    log: Callable[[str], None] | None = None,
+) -> None:
+    """Raise ``SelfSync`` if ``remote_root`` (absolute, on ``conduit``'s side) is
+    ``local_root``, contains it or lies inside it; changes nothing either way."""
+    carrier = local_root
+    while not carrier.is_dir() and carrier != carrier.parent:
+        carrier = carrier.parent
+    nonce = f".filesync.{os.getpid()}.{secrets.randbits(62)}.tmp"
+    path = carrier / nonce
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # A tree this process cannot write: a pull into it fails as any write does,
+            # and a push from it (a read-only credential mount) is what the caller meant.
+            if log is not None:
+                log(f"self-sync check skipped: cannot write in {carrier} ({exc.strerror})")
+            return
+        raise FilesyncError(f"cannot write the self-sync check file in {carrier}: "
+                            f"{exc.strerror}; check the local directory") from exc
+    try:
+        found = await _look(conduit, candidates(carrier, remote_root, nonce,
+                                                carrier == local_root))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if found:
+        raise SelfSync(
+            f"remote root {remote_root} is the local root {local_root}, contains it or lies "
+            "inside it (the same tree reached twice); map a different remote directory"
+        )
+
+
+async def _look(conduit: Conduit, paths: list[str]) -> bool:
+    """True if any of ``paths`` exists on the remote (one small shell command)."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    done = await conduit.run(
+        f'for p in {quoted}; do if [ -e "$p" ]; then echo found; fi; done; exit 0'
+    )
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise TransportError(
+            f"could not check whether the remote root is the local tree "
+            f"({err[-1] if err else f'exit {done.returncode}'}); check the remote's sh"
+        )
+    return b"found" in done.stdout

@@ -1,0 +1,127 @@
+"""Self-sync: a remote root that is the local root, contains it or lies inside it is refused
+by push, pull and sync, in one line, with nothing changed on either side."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sessionkit import Factory
+from synctree import snapshot, write
+
+from filesync import Mapping, SafetyRefusal, SelfSync, Session
+from filesync.core.reconcile import Kind
+from filesync.session.selfsync import candidates
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "data" / "project"
+    write(root / "a.md", "a\n")
+    write(root / "sub" / "b.md", "b\n")
+    write(tmp_path / "data" / "beside.md", "beside\n")
+    return root
+
+
+def _whole(tmp_path: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under tmp_path except the sessions' own state, with its mtime."""
+    out = {}
+    for rel, data in snapshot(tmp_path).items():
+        if not rel.startswith("state/"):
+            out[rel] = (data, os.stat(tmp_path / rel).st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("remote", ["project", ".", "project/sub", "project/new/deeper"])
+@pytest.mark.parametrize("call", ["push", "pull", "sync"])
+def test_the_same_tree_over_the_local_transport_is_refused(
+    tmp_path: Path, tree: Path, remote: str, call: str, factory: Factory
+) -> None:
+    # remote root: the local root itself, a directory containing it, one inside it that
+    # exists, and one inside it that does not exist yet.
+    before = _whole(tmp_path)
+    with Session(tmp_path / "data", conduit=factory, state_dir=tmp_path / "state") as s, \
+            pytest.raises(SelfSync) as err:
+        getattr(s, call)(Mapping(tree, remote))
+    assert isinstance(err.value, SafetyRefusal) and err.value.exit_code == 3
+    assert "\n" not in str(err.value) and "same tree" in str(err.value)
+    assert _whole(tmp_path) == before  # nothing changed, the nonce is gone
+
+
+def test_a_single_file_mapping_onto_itself_is_refused(tmp_path: Path, tree: Path) -> None:
+    before = _whole(tmp_path)
+    with Session(tmp_path / "data", state_dir=tmp_path / "state") as s, \
+            pytest.raises(SelfSync):
+        s.sync(Mapping(tree / "a.md", "project/a.md"))
+    assert _whole(tmp_path) == before
+
+
+def test_neighbours_are_not_self_sync_and_status_is_not_refused(
+    tmp_path: Path, tree: Path
+) -> None:
+    with Session(tmp_path / "mirror", state_dir=tmp_path / "state") as s:
+        assert s.push(Mapping(tree, "project")).uploaded == 2
+    with Session(tmp_path / "data", state_dir=tmp_path / "state") as s:
+        # A sibling whose name extends the local root's is a different tree.
+        assert s.push(Mapping(tree, "project-copy")).uploaded == 2
+        before = _whole(tmp_path)
+        # status over the very same tree: a plan (every file to record), no refusal
+        plan = s.status(Mapping(tree, "project")).plan
+        assert {a.kind for a in plan} == {Kind.RECORD}
+        assert _whole(tmp_path) == before
+    assert not [n for n in os.listdir(tree) if n.startswith(".filesync.")]
+
+
+def test_the_candidates_cover_equal_containing_and_inside() -> None:
+    got = candidates(Path("/home/u/p"), "/srv/x/y", "N", True)
+    assert got[:4] == ["/srv/x/y/N", "/srv/x/y/p/N", "/srv/x/y/u/p/N", "/srv/x/y/home/u/p/N"]
+    assert {"/srv/x/N", "/srv/x/y/../N", "/srv/N", "/srv/x/y/../../N", "/N"} <= set(got)
+    assert not [c for c in candidates(Path("/home/u/p"), "/srv/x", "N", False) if ".." in c]
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("remote", ["selfsync/project", "selfsync", "selfsync/project/sub"])
+def test_the_same_host_directory_over_ssh_is_refused(
+    box: Any, tmp_path: Path, remote: str, request: Any
+) -> None:
+    home: Path = box.home
+    root = home / "selfsync" / "project"
+    write(root / "a.md", "a\n")
+    write(root / "sub" / "b.md", "b\n")
+    request.addfinalizer(_remover(home / "selfsync"))
+    before = snapshot(home / "selfsync")
+    with Session(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "state") as s:
+        for call in (s.push, s.pull, s.sync):
+            with pytest.raises(SelfSync):
+                call(Mapping(root, remote))
+    assert snapshot(home / "selfsync") == before
+
+
+def _remover(path: Path) -> Callable[[], None]:
+    import shutil
+
+    return lambda: shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_local_tree_that_cannot_be_written_is_pushed_unchecked(
+    tmp_path: Path, tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import filesync.session.selfsync as guard
+
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if os.path.basename(os.fspath(path)).startswith(".filesync.") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(guard.os, "open", read_only)
+    seen: list[str] = []
+    with Session(tmp_path / "mirror", state_dir=tmp_path / "state", log=seen.append) as s:
+        assert s.push(Mapping(tree, "project")).uploaded == 2
+    assert any("self-sync check skipped" in line for line in seen)
