@@ -7,18 +7,21 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filesync.cli.config import load_config
+from filesync.cli.jsonout import document, pair_json
 from filesync.cli.settings import Request, local_root
 from filesync.core.reconcile import Action, Direction, Kind
 from filesync.endpoint.connect import drop_session
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.mapping import UPLOAD_ONLY
-from filesync.sync.engine import Options, Report, run_pass
+from filesync.sync.changes import ChangeAction
+from filesync.sync.engine import Options, Report, plan_row, run_pass
 from filesync.sync.progress import tty_progress
 from filesync.transport.base import Conduit
 from filesync.transport.pool import Conduits
@@ -113,18 +116,19 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
     plan_filter = _resolve_filter(req) if req.command == "resolve" else None
     copts, timeout = req.connect, req.settings.timeout
 
-    async def one(job: Job) -> list[tuple[str, Report | FilesyncError]]:
-        out: list[tuple[str, Report | FilesyncError]] = []
+    async def one(job: Job) -> list[PairResult]:
+        out: list[Report | FilesyncError] = []
         try:
             conduit, reused = await pool.acquire(job.target, copts)
         except FilesyncError as exc:
-            return [(label, via_error(job.target, exc)) for label, *_ in job.passes]
+            return [PairResult(label, local, path, via_error(job.target, exc))
+                    for label, local, path, _ in job.passes]
         try:
-            for label, local, path, opts in job.passes:
+            for _label, local, path, opts in job.passes:
                 try:
                     try:
                         run = run_pass(conduit, local, path, opts, plan_filter)
-                        out.append((label, await _deadline(run, timeout)))
+                        out.append(await _deadline(run, timeout))
                     except ConnectionLost:
                         if not reused:
                             raise
@@ -133,25 +137,41 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
                         await pool.release(conduit, False)
                         conduit, reused = await pool.acquire(job.target, copts)
                         run = run_pass(conduit, local, path, opts, plan_filter)
-                        out.append((label, await _deadline(run, timeout)))
+                        out.append(await _deadline(run, timeout))
                 except FilesyncError as exc:
-                    out.append((label, exc))
+                    out.append(exc)
                 reused = False
         except BaseException:
             await pool.release(conduit, False)
             raise
-        await pool.release(conduit, not any(isinstance(r, ConnectionLost) for _, r in out))
-        return [(label, via_error(job.target, r) if isinstance(r, FilesyncError) else r)
-                for label, r in out]
+        await pool.release(conduit, not any(isinstance(r, ConnectionLost) for r in out))
+        return [PairResult(label, local, path,
+                           via_error(job.target, r) if isinstance(r, FilesyncError) else r)
+                for (label, local, path, _), r in zip(job.passes, out, strict=True)]
 
+    started = time.monotonic()
     results = [r for rs in await asyncio.gather(*(one(j) for j in jobs)) for r in rs]
-    if len(results) == 1:
-        _label, result = results[0]
-        if isinstance(result, FilesyncError):
-            raise result
-        _print_report(req, result)
-        return 0
-    return _print_many(req, results)
+    return _print_results(req, results, time.monotonic() - started)
+
+
+@dataclass
+class PairResult:
+    """One pair's outcome: its report, or the error that stopped it."""
+
+    label: str
+    local: Path
+    remote: str
+    result: Report | FilesyncError
+
+    def to_json(self, plan: bool) -> dict[str, Any]:
+        r = self.result
+        if isinstance(r, Report):
+            return pair_json(self.label, str(self.local), self.remote, r.to_json(plan))
+        # A pass that failed part way (TransferFailed) reports what it did confirm.
+        report = getattr(r, "report", None)
+        fields = (report if isinstance(report, Report) else Report()).to_json(plan)
+        return pair_json(self.label, str(self.local), self.remote, fields,
+                         r.message, r.exit_code)
 
 
 async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
@@ -167,30 +187,29 @@ async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
         ) from None
 
 
-def _print_many(req: Request, results: list[tuple[str, Report | FilesyncError]]) -> int:
-    """Several pairs: one JSON object with per-pair entries and summed counters."""
-    code = 0
-    rows: list[dict[str, Any]] = []
-    for label, result in results:
-        if isinstance(result, FilesyncError):
-            code = max(code, result.exit_code)
-            rows.append({"remote": label, "error": result.message,
-                         "exit_code": result.exit_code})
-            print(f"filesync: error: {label}: {result.message}", file=sys.stderr)
-        else:
-            rows.append({"remote": label, **result.to_json()})
-            if not req.output.json:
-                print(f"[{label}] ", end="")
-                _print_report(req, result)
+def _print_results(req: Request, results: list[PairResult], seconds: float) -> int:
+    """Print every pair's outcome (one JSON document for all with ``--json``); returns the
+    exit code: the worst of the pairs'."""
+    errors = [(p, p.result) for p in results if isinstance(p.result, FilesyncError)]
+    many = len(results) > 1
+    for p, exc in errors:
+        print(f"filesync: error: {p.label + ': ' if many else ''}{exc.message}",
+              file=sys.stderr)
+    code = max((exc.exit_code for _, exc in errors), default=0)
     if req.output.json:
-        total: dict[str, Any] = {k: sum(r.get(k, 0) for r in rows) for k in _COUNTS}
-        total["remotes"] = rows
-        print(json.dumps(total))
+        error = None
+        if errors:
+            p, first = errors[0]
+            more = f" (and {len(errors) - 1} more failed)" if len(errors) > 1 else ""
+            error = f"{p.label + ': ' if many else ''}{first.message}{more}"
+        pairs = [p.to_json(req.plan_only) for p in results]
+        print(json.dumps(document(pairs, seconds, req.plan_only, error,
+                                  code if errors else None)))
+        return code
+    for p in results:
+        if isinstance(p.result, Report):
+            _print_report(req, p.result, f"[{p.label}] " if many else "")
     return code
-
-
-_COUNTS = ("uploaded", "downloaded", "deleted_local", "deleted_remote", "excluded",
-           "bytes_sent", "bytes_received")
 
 
 def _resolve_filter(req: Request) -> Any:
@@ -208,31 +227,44 @@ def _resolve_filter(req: Request) -> Any:
     return only
 
 
-def _print_report(req: Request, report: Report) -> None:
-    if req.output.json:
-        out = report.to_json()
-        if req.plan_only:
-            out["plan"] = [_plan_row(a) for a in report.plan]
-            out["open_conflicts"] = [c.path for c in report.open_conflicts]
-        print(json.dumps(out))
-        return
+#: The ``-v`` item marks, like ``rsync -i``: ``>`` host to remote, ``<`` remote to host.
+ITEM_MARKS = {
+    ChangeAction.UPLOAD: ">f",
+    ChangeAction.DOWNLOAD: "<f",
+    ChangeAction.DELETE_REMOTE: ">*deleting",
+    ChangeAction.DELETE_LOCAL: "<*deleting",
+}
+
+
+def _print_report(req: Request, report: Report, prefix: str = "") -> None:
+    """The human report of one pass, each line after ``prefix`` (the pair, when there are
+    several); ``-v`` adds a line per file (README, docs/json.md)."""
     if req.plan_only:
         for a in report.plan:
-            print(f"{_plan_row(a)['action']:<28} {a.path}")
+            print(f"{prefix}{plan_row(a)['action']:<28} {a.path}")
         for c in report.open_conflicts:
-            print(f"{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
+            print(f"{prefix}{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
         if not report.plan and not report.open_conflicts:
-            print("in sync")
+            print(f"{prefix}in sync")
         return
     if req.output.quiet:
         return
-    for conflict in report.conflicts:
-        print(f"conflict: {conflict['path']} (remote version saved to {conflict['saved_to']})")
     if req.output.verbose:
+        # Every conflict has its saved copy in ``conflicts``, a push conflict's included.
+        for change in report.changes:
+            if change.action is not ChangeAction.CONFLICT:
+                print(f"{prefix}{ITEM_MARKS[change.action]} {_shown(change.path)}")
+        for conflict in report.conflicts:
+            print(f"{prefix}!conflict {_shown(conflict['path'])} -> "
+                  f"{_shown(conflict['saved_to'])}")
         for s in report.skipped:
-            print(f"skipped: {_shown(s.path)}: {_shown(s.reason)}")
+            print(f"{prefix}skipped: {_shown(s.path)}: {_shown(s.reason)}")
+    else:
+        for conflict in report.conflicts:
+            print(f"{prefix}conflict: {conflict['path']} (remote version saved to "
+                  f"{conflict['saved_to']})")
     print(
-        f"{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
+        f"{prefix}{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
         f"{report.deleted_remote} deleted remote, {report.deleted_local} deleted local, "
         f"{len(report.conflicts)} conflicts, {len(report.skipped)} skipped, "
         f"{report.excluded} excluded ({report.seconds:.2f} s)"
@@ -243,11 +275,6 @@ def _shown(text: str) -> str:
     """A name for the terminal: skipped names come from the remote and may hold control
     characters (terminal escapes, newlines) or undecodable bytes; those are escaped."""
     return text if text.isprintable() else ascii(text)[1:-1]
-
-
-def _plan_row(a: Action) -> dict[str, str]:
-    action = a.kind.value if a.then is None else f"{a.kind.value} -> {a.then.value}"
-    return {"path": a.path, "action": action}
 
 
 def _print_undo(req: Request, restored: list[str]) -> None:

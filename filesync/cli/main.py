@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filesync.errors import FilesyncError, UsageError
+from filesync.version import __version__
 
 if TYPE_CHECKING:
     from filesync.cli.settings import Request
@@ -123,7 +124,7 @@ def _common(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
-    parser.add_argument("--version", action="version", version="filesync 0.1.0")
+    parser.add_argument("--version", action="version", version=f"filesync {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, text in (
         ("push", "make the remote match the host (remote conflicts are saved first)"),
@@ -219,10 +220,9 @@ def _system_error(exc: BaseException) -> str:
 def _fail(exc: FilesyncError, json_mode: bool) -> None:
     print(f"filesync: error: {exc.message}", file=sys.stderr)
     if json_mode:
-        report = getattr(exc, "report", None)
-        out: dict[str, Any] = report.to_json() if report is not None else {}
-        out.update(error=exc.message, exit_code=exc.exit_code)
-        print(json.dumps(out))
+        from filesync.cli.jsonout import failed_document
+
+        print(json.dumps(failed_document(exc.message, exc.exit_code)))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

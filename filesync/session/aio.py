@@ -70,6 +70,8 @@ class SessionReport(Report):
         self.plan += report.plan
         self.open_conflicts += report.open_conflicts
         self.errors += report.errors
+        self.changes += report.changes
+        self.pruned += report.pruned
 
 
 _BARE_HOST = re.compile(r"^(?:[^@/:]+@)?(?:\[[^\]/]+\]|[^@/:\[\]~.][^@/:\[\]]*)$")

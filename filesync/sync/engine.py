@@ -27,6 +27,7 @@ from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
 from filesync.host.state import ConflictRecord, PairState
 from filesync.sync import plan as planning
+from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import Options, PassInputs
 from filesync.sync.staging import StagingSink
 from filesync.sync.transition import Transitioned, transition
@@ -35,7 +36,13 @@ from filesync.transport.base import Conduit
 
 @dataclass
 class Report:
-    """What a pass did (or, dry-run, would do)."""
+    """What a pass did: ``changes`` names each file done (``filesync.sync.changes``), the
+    counters count them, ``conflicts`` and ``skipped`` say why others were not.
+
+    A dry run (and ``status``) changes nothing: ``changes`` stays empty and ``plan``
+    carries what would be done, with ``open_conflicts``. ``docs/json.md`` documents
+    ``to_json``'s fields.
+    """
 
     uploaded: int = 0
     downloaded: int = 0
@@ -52,9 +59,14 @@ class Report:
     errors: list[str] = field(default_factory=list)
     #: run dirs of ``conflicts/`` and ``undo/`` dropped by retention this pass
     pruned: list[Pruned] = field(default_factory=list)
+    #: one per file confirmed done, sorted by path; empty for a dry run
+    changes: list[Change] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, plan: bool = False) -> dict[str, Any]:
+        """The pass's JSON fields (``docs/json.md``); ``plan``: add the plan's fields."""
+        out: dict[str, Any] = {
+            "files": [{"path": c.path, "action": c.action.value, "bytes": c.bytes}
+                      for c in self.changes],
             "uploaded": self.uploaded,
             "downloaded": self.downloaded,
             "deleted_local": self.deleted_local,
@@ -65,7 +77,12 @@ class Report:
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "seconds": round(self.seconds, 4),
+            "pruned": [{"path": str(p.path), "bytes": p.bytes} for p in self.pruned],
         }
+        if plan:
+            out["plan"] = [plan_row(a) for a in self.plan]
+            out["open_conflicts"] = [c.path for c in self.open_conflicts]
+        return out
 
     def fold(self, done: Transitioned) -> None:
         """Add what a transition did."""
@@ -76,6 +93,7 @@ class Report:
         self.conflicts += done.conflicts
         self.skipped += done.skipped
         self.errors += done.errors
+        self.changes += done.changes
 
 
 async def run_pass(
@@ -169,6 +187,12 @@ def _retain(inputs: PassInputs, open_conflicts: list[ConflictRecord]) -> list[Pr
     return pruned
 
 
+def plan_row(a: Action) -> dict[str, str]:
+    """A planned step as JSON: a push conflict reads ``conflict -> upload``."""
+    action = a.kind.value if a.then is None else f"{a.kind.value} -> {a.then.value}"
+    return {"path": a.path, "action": action}
+
+
 class TransferFailed(FilesyncError):
     """Some transfers failed; the confirmed ones are recorded, the rest retried next run."""
 
@@ -179,4 +203,5 @@ class TransferFailed(FilesyncError):
         self.report = report
 
 
-__all__ = ["Options", "Report", "TransferFailed", "run_pass"]
+__all__ = ["Change", "ChangeAction", "Options", "Report", "TransferFailed", "plan_row",
+           "run_pass"]

@@ -2,7 +2,8 @@
 
 ``transition(inputs, scans, planned)`` reads only its frozen arguments and returns a
 ``Transitioned``: what happened (confirmed transfers, conflicts saved, skips, failures),
-which the engine folds into its report. Order: stage what is still missing, save the
+which the engine folds into its report, with one ``Change`` (``filesync.sync.changes``)
+per file, made when its side confirmed it. Order: stage what is still missing, save the
 losing versions of conflicts, change the remote (one delete request, one send stream),
 change the host (journaled, deletes before writes), then record ancestors and caches.
 Nothing is recorded before it is confirmed.
@@ -25,6 +26,7 @@ from filesync.host.apply import HostOp, HostTree, OpResult
 from filesync.host.journal import Journal, commit_journal, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
+from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.tree.wire import SAFETY, Reason
 
@@ -40,6 +42,8 @@ class Transitioned:
     conflicts: list[dict[str, str]] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: one per confirmed file, sorted by path once the transition is over
+    changes: list[Change] = field(default_factory=list)
 
 
 def _ends_in(action: Action, kind: Kind) -> bool:
@@ -59,7 +63,12 @@ async def transition(inputs: PassInputs, scans: Scans, planned: Planned) -> Tran
     _record(inputs, scans, plan)
     _update_conflict_table(inputs, planned, conflicts, plan, out)
     _update_caches(inputs, scans, plan, read_rows)
+    out.changes.sort(key=_by_path)
     return out
+
+
+def _by_path(change: Change) -> str:
+    return change.path
 
 
 async def _ensure_staged(
@@ -106,13 +115,17 @@ def _save_conflicts(
             continue
         rv = planned.remote_versions[a.path]
         record = prior.get(a.path)
+        copied = 0
         if record is not None and _prior_copy(record, rv):
             saved = str(record.saved_to)
         else:
             saved = str(save_copy(inputs, a.path))
+            copied = inputs.sink.staged[a.path].size
         lv = planned.local_versions.get(a.path)
         records.append(ConflictRecord(a.path, lv.hash if lv else None, rv.hash, saved))
         out.conflicts.append({"path": a.path, "saved_to": saved})
+        if a.then is None:  # a push conflict goes on: its upload or delete is the change
+            out.changes.append(Change(a.path, ChangeAction.CONFLICT, copied))
     return records
 
 
@@ -172,6 +185,7 @@ async def _upload(
             rows.append((o.path, Ancestor(r.digest, r.size, mode, o.size, o.mtime_ns,
                                           inputs.now)))
             out.uploaded += 1
+            out.changes.append(Change(o.path, ChangeAction.UPLOAD, r.size))
         else:
             _failed(out, o.path, o.status, o.reason, "upload", o.code)
     inputs.state.put_ancestors(rows)
@@ -201,6 +215,7 @@ async def _delete_remote(
         if o.status == "ok":
             gone.append(o.path)
             out.deleted_remote += 1
+            out.changes.append(Change(o.path, ChangeAction.DELETE_REMOTE))
         else:
             _failed(out, o.path, o.status, o.reason, "remote delete", o.code)
     inputs.state.forget(gone)
@@ -264,16 +279,22 @@ def _row(a: Ancestor) -> list[object]:
 
 
 def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned) -> None:
+    staged = inputs.sink.staged
     for r in results:
+        path = r.op.path
         if r.status == "done":
             if r.op.kind == "write":
                 out.downloaded += 1
+                out.changes.append(Change(path, ChangeAction.DOWNLOAD, staged[path].size))
             else:
                 out.deleted_local += 1
+                out.changes.append(Change(path, ChangeAction.DELETE_LOCAL))
         elif r.status == "changed" and r.op.kind == "write":
             # Edited on the host since the scan: keep it, save the remote version.
-            saved = str(save_copy(inputs, r.op.path)) if r.op.path in inputs.sink.staged else ""
-            out.conflicts.append({"path": r.op.path, "saved_to": saved})
+            saved = str(save_copy(inputs, path)) if path in staged else ""
+            out.conflicts.append({"path": path, "saved_to": saved})
+            out.changes.append(Change(path, ChangeAction.CONFLICT,
+                                      staged[path].size if saved else 0))
         else:
             _failed(out, r.op.path, r.status, r.reason, "host " + r.op.kind, r.code)
 

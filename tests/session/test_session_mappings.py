@@ -81,6 +81,10 @@ def test_nested_mappings_sync_each_path_once(tmp_path: Path) -> None:
         report = s.pull(mappings)
     assert [m.local for m, _ in report.passes] == [str(home / "agent"),
                                                    str(home / "agent" / "skills")]
+    # Each pass's confirmed files, joined in mapping order, relative to each pass's root.
+    assert [(c.path, c.action.value, c.bytes) for c in report.changes] == [
+        ("new.md", "download", 4)]
+    assert report.changes == [c for _, r in report.passes for c in r.changes]
     assert (home / "agent" / "token").read_text() == "secret\n"
     assert (home / "agent" / "skills" / "new.md").read_text() == "new\n"
     assert not (home / "agent" / "skills" / "stray.md").exists()

@@ -14,8 +14,11 @@ import pytest
 from gitoracle import GitOracle
 from synctree import Pair, junk_tree, skills_tree, snapshot, write
 
+# docs/json.md: the counters and lists of before, with schema, files, pruned, pairs
+# (per-pair reports) and remotes (per-pair counters) added.
 JSON_KEYS = {"uploaded", "downloaded", "deleted_local", "deleted_remote", "conflicts",
-             "excluded", "skipped", "bytes_sent", "bytes_received", "seconds"}
+             "excluded", "skipped", "bytes_sent", "bytes_received", "seconds",
+             "schema", "files", "pruned", "pairs", "remotes"}
 
 
 @pytest.fixture

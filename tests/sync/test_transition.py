@@ -23,6 +23,7 @@ from filesync.core.reconcile import Direction, Kind
 from filesync.endpoint.connect import drop_session, session_for
 from filesync.host.state import PairState
 from filesync.sync import plan as planning
+from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.engine import Options, run_pass
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.staging import StagingSink
@@ -92,6 +93,7 @@ def test_confirmed_upload_is_counted_and_recorded_with_the_pass_clock(tmp_path: 
         cache_before = dict(scans.local.cache_rows)
         done = await transition(inputs, scans, planned)
         assert (done.uploaded, done.errors, done.skipped) == (1, [], [])
+        assert done.changes == [Change("a.txt", ChangeAction.UPLOAD, 2)]
         row = inputs.state.ancestors()["a.txt"]
         assert row.synced_ns == inputs.now and row.size == 2
         # The scan it was given is not written to: the new cache row goes to the state.
@@ -115,6 +117,7 @@ def test_upload_over_a_remote_edited_after_the_scan_is_skipped_not_recorded(
         write(tmp_path / "remote" / "a.txt", "remote edit after the scan\n")
         done = await transition(inputs, scans, planned)
         assert done.uploaded == 0 and done.errors == []
+        assert done.changes == []  # refused by the remote: no record of a file not done
         assert [s.path for s in done.skipped] == ["a.txt"]
         assert "retried next run" in done.skipped[0].reason
         assert inputs.state.ancestors() == ancestors  # nothing recorded
@@ -147,7 +150,7 @@ def test_download_staged_with_other_content_than_planned_is_skipped(tmp_path: Pa
         inputs.sink.staged.clear()  # as if the scan had known the version from its cache
         write(tmp_path / "remote" / "a.txt", "v2, written after the plan\n")
         done = await transition(inputs, scans, planned)
-        assert done.downloaded == 0
+        assert done.downloaded == 0 and done.changes == []
         assert [s.path for s in done.skipped] == ["a.txt"]
         assert "changed on the remote during the run" in done.skipped[0].reason
         assert "a.txt" not in inputs.state.ancestors()
@@ -184,6 +187,8 @@ def test_push_conflict_saves_the_remote_version_but_leaves_no_open_conflict(
         done = await transition(inputs, scans, planned)
         assert Path(done.conflicts[0]["saved_to"]).read_text() == "remote\n"
         assert done.uploaded == 1 and inputs.state.conflicts() == {}
+        # The remote was changed: one upload record; the saved copy is in ``conflicts``.
+        assert done.changes == [Change("a.txt", ChangeAction.UPLOAD, 5)]
         return done
 
     run(tmp_path, Direction.PUSH, step)
@@ -204,6 +209,8 @@ def test_host_file_edited_after_the_scan_is_kept_and_becomes_a_conflict(tmp_path
         assert done.downloaded == 0
         assert [c["path"] for c in done.conflicts] == ["a.txt"]
         assert Path(done.conflicts[0]["saved_to"]).read_text() == "remote v2\n"
+        # The journal found the host edit: a conflict record, never the planned download.
+        assert done.changes == [Change("a.txt", ChangeAction.CONFLICT, len("remote v2\n"))]
         return done
 
     run(tmp_path, Direction.SYNC, _after(edit_remote), first=Direction.SYNC)
