@@ -8,6 +8,7 @@ from __future__ import annotations
 # ============================================================================================
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,8 +21,26 @@ if _TESTS_DIR not in sys.path:
 
 from sshd import MAX_INDEX, SshdContainer, sshd_available  # noqa: E402
 
-#: Index of the session-wide container; sshd_factory hands out the others.
-SESSION_SSHD_INDEX = 0
+#: Index of the session-wide container (env FILESYNC_TEST_SSHD_INDEX, so that concurrent
+#: suites need not queue for index 0); sshd_factory hands out the others.
+SESSION_SSHD_INDEX = int(os.environ.get("FILESYNC_TEST_SSHD_INDEX", "0"))
+#: How long a fixture waits for an index another live container (another suite) holds.
+_INDEX_WAIT = 1200.0
+
+
+def _start(container: SshdContainer) -> None:
+    """Start ``container``, waiting while another process holds its index."""
+    deadline = time.monotonic() + _INDEX_WAIT
+    while True:
+        try:
+            container.start()
+            return
+        except RuntimeError as exc:
+            if "is in use by another live container" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _require_sshd() -> None:
@@ -43,7 +62,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdContainer]:
     """
     _require_sshd()
     container = SshdContainer(tmp_path_factory.mktemp("sshd"), index=SESSION_SSHD_INDEX)
-    container.start()
+    _start(container)
     try:
         yield container
     finally:
@@ -62,7 +81,7 @@ def sshd_factory(
         if not 1 <= index <= MAX_INDEX:
             raise ValueError(f"sshd_factory index must be 1..{MAX_INDEX} (0 is the session's)")
         container = SshdContainer(tmp_path_factory.mktemp(f"sshd{index}-"), index=index)
-        container.start()
+        _start(container)
         started.append(container)
         return container
 

@@ -68,6 +68,7 @@ def connect_options(args: argparse.Namespace) -> ConnectOptions:
         identity=args.identity,
         accept_new_host_key=args.accept_new_host_key,
         log=_log(args),
+        ssh_client=args.ssh_client,
     )
 
 

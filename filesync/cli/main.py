@@ -82,6 +82,10 @@ def _common(
     p.add_argument("-i", "--identity", type=Path, metavar="FILE", help="private key file")
     p.add_argument("--accept-new-host-key", action="store_true",
                    help="store an unknown host key (a changed key is always refused)")
+    p.add_argument("--ssh-client", choices=("openssh", "asyncssh"),
+                   default=os.environ.get("FILESYNC_SSH_CLIENT") or None,
+                   help="SSH client: the system ssh (default when found) or the built-in"
+                   " asyncssh (env FILESYNC_SSH_CLIENT)")
     p.add_argument("--via", metavar="CMD",
                    help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
     p.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",

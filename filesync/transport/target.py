@@ -84,10 +84,11 @@ class ConnectOptions:
     accept_new_host_key: bool = False
     connect_timeout: float = 15.0
     log: Callable[[str], None] | None = None
+    ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
 
 
 async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
-    """Open the conduit for ``target``. SSH pulls in asyncssh only here."""
+    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh."""
     from filesync.transport.local import CommandConduit, local_conduit
 
     if target.kind == "local":
@@ -97,6 +98,17 @@ async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
         if not argv:
             raise UsageError("--via needs a command, such as --via 'docker exec -i NAME'")
         return CommandConduit(argv, f"via:{target.via}")
+    from filesync.transport.ssh import openssh
+
+    if openssh.choose_client(opts.ssh_client) == "openssh":
+        return await openssh.connect(
+            target.host, target.user, target.port,
+            ssh_config=opts.ssh_config,
+            identity=opts.identity,
+            accept_new_host_key=opts.accept_new_host_key,
+            connect_timeout=opts.connect_timeout,
+            verbose=opts.log,
+        )
     from filesync.transport.ssh import conduit as ssh
 
     return await ssh.connect(
