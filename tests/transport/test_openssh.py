@@ -38,7 +38,8 @@ def run_cli(home: Path, *args: str, env: dict[str, str] | None = None,
             code: str | None = None) -> subprocess.CompletedProcess[str]:
     """``filesync ARGS`` (or ``python -c CODE ARGS``) in a subprocess without a terminal."""
     full = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    full.update(HOME=str(home), FILESYNC_SSH_CLIENT="openssh", **(env or {}))
+    full.update(HOME=str(home), FILESYNC_SSH_CLIENT="openssh")
+    full.update(env or {})
     argv = [sys.executable, "-c", code, *args] if code else [
         sys.executable, "-m", "filesync.cli", *args]
     return subprocess.run(argv, cwd=REPO, env=full, capture_output=True, text=True,
@@ -423,3 +424,23 @@ async def test_liveness_defaults_fill_only_the_gaps(sshd: SshdContainer, tmp_pat
         finally:
             await conduit.close()
         assert not conduit.alive
+
+
+# --------------------------------------------------------------------------- choosing the client
+
+
+def test_client_choice_errors_are_one_line(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    local.mkdir()
+    argv = ("push", str(local), "somehost:x", "-F", "/dev/null", "--state-dir",
+            str(tmp_path / "state"))
+    bogus = run_cli(tmp_path, *argv, env={"FILESYNC_SSH_CLIENT": "putty"})
+    assert bogus.returncode == 2
+    assert bogus.stderr == ("filesync: error: FILESYNC_SSH_CLIENT='putty' is not a client; "
+                            "set it to openssh or asyncssh\n")
+    no_ssh = tmp_path / "bin"
+    no_ssh.mkdir()
+    missing = run_cli(tmp_path, *argv, "--ssh-client", "openssh", env={"PATH": str(no_ssh)})
+    assert missing.returncode == 1
+    assert missing.stderr == ("filesync: error: no ssh binary on PATH; install the OpenSSH "
+                              "client (openssh-client) or use --ssh-client asyncssh\n")

@@ -37,7 +37,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import ConnectionLost, TransportError, UsageError
@@ -303,23 +303,22 @@ class _Master:
         return self.workdir / "master.log" if self.workdir else None
 
 
-@dataclass(eq=False)  # hashed by identity: endpoint sessions are kept per conduit
 class OpenSshConduit(Conduit):
     """A conduit whose commands are ``ssh`` clients sharing one ControlMaster."""
 
-    ssh: str
-    base: list[str]  # -F/-i/-l/-p, as the user gave them
-    resolved: Resolved
-    master: _Master
-    verbose: Callable[[str], None]
-    _sent: int = 0
-    _received: int = 0
-    _closed: bool = False
-    _lost_reason: str | None = None
-    _procs: list[OpenSshProcess] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.identity = self.resolved.identity
+    def __init__(self, ssh: str, base: list[str], resolved: Resolved, master: _Master,
+                 verbose: Callable[[str], None]) -> None:
+        self.ssh = ssh
+        self.base = base  # -F/-i/-l/-p, as the user gave them
+        self.resolved = resolved
+        self.master = master
+        self.verbose = verbose
+        self.identity = resolved.identity
+        self._sent = 0
+        self._received = 0
+        self._closed = False
+        self._lost_reason: str | None = None
+        self._procs: list[OpenSshProcess] = []
 
     @property
     def label(self) -> str:
@@ -351,7 +350,7 @@ class OpenSshConduit(Conduit):
         if log is not None:
             with contextlib.suppress(OSError):
                 text = log.read_text(errors="replace")[-(1 << 14):]
-        lines = openssh_errors._messages(text)
+        lines = openssh_errors.messages(text)
         return lines[-1].rstrip(".") if lines else "the ssh master connection ended"
 
     async def _lost(self, what: str) -> ConnectionLost:
@@ -392,9 +391,10 @@ class OpenSshConduit(Conduit):
             return
         self._closed = True
         for proc in self._procs:
-            proc.kill()
-            with contextlib.suppress(Exception):
-                await proc._proc.wait()
+            if proc._proc.returncode is None:
+                proc.kill()
+                with contextlib.suppress(Exception):
+                    await proc._proc.wait()
         self._procs.clear()
         if not self.master.owned:
             return

@@ -59,7 +59,7 @@ class Context:
     tty: bool = False
 
 
-def _messages(text: str) -> list[str]:
+def messages(text: str) -> list[str]:
     """ssh's own lines: debug output, banners and notices left out."""
     lines = [line.strip().removeprefix("ssh: ") for line in text.splitlines()]
     return [line for line in lines if line and not line.startswith(_NOISE)]
@@ -115,7 +115,7 @@ def tried_keys(text: str) -> list[str]:
 
 def explain(stderr: str, ctx: Context) -> TransportError:
     """The one-line error for a connection attempt that ssh gave up on."""
-    lines = _messages(stderr)
+    lines = messages(stderr)
     joined = "\n".join(lines)
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in joined or _CHANGED_FOR.search(joined):
         return _changed(stderr, ctx)
@@ -203,7 +203,7 @@ def _changed(stderr: str, ctx: Context) -> TransportError:
 def _unknown(stderr: str, ctx: Context, unknown: re.Match[str] | None) -> TransportError:
     offered = _SERVER_KEY.search(stderr)
     if unknown is None or offered is None:
-        reason = next((line for line in _messages(stderr) if "host key" in line.lower()),
+        reason = next((line for line in messages(stderr) if "host key" in line.lower()),
                       "Host key verification failed")
         return TransportError(
             f"host key of {ctx.label} was not accepted ({reason.rstrip('.')}); check the "
