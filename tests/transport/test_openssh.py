@@ -150,6 +150,16 @@ def test_match_exec_and_match_final_apply(sshd: SshdContainer, tmp_path: Path) -
     assert run.ok("push")["uploaded"] == 8
 
 
+def test_interactive_only_settings_do_not_break_the_steps(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    # Fine for `ssh host`, fatal for `ssh host COMMAND` with a binary stream on stdin.
+    config = block("shell", sshd, "RemoteCommand echo hello", "StdinNull yes", "RequestTTY yes")
+    run = Run(tmp_path, sshd, config, "shell")
+    assert run.ok("push")["uploaded"] == 8
+    assert snapshot(run.remote) == expected(run)
+
+
 def test_alias_and_explicit_form_share_one_state(sshd: SshdContainer, tmp_path: Path) -> None:
     config = block("named", sshd) + block(sshd.address, sshd, hostname=False)
     run = Run(tmp_path, sshd, config, "named")

@@ -329,9 +329,11 @@ class OpenSshConduit(Conduit):
         return not self._closed and _pid_alive(self.master.pid)
 
     def _session_args(self) -> list[str]:
+        args = _session_overrides(self.resolved)
         if self.master.owned:
-            return ["-o", f"ControlPath={self.master.socket}", "-o", "ControlMaster=no"]
-        return []  # the user's own ControlPath/ControlMaster settings lead to their master
+            args += ["-o", f"ControlPath={self.master.socket}", "-o", "ControlMaster=no"]
+        # else the user's own ControlPath/ControlMaster settings lead to their master
+        return args
 
     async def _master_gone(self) -> bool:
         """True if the master died (waiting briefly: a client may notice first)."""
@@ -449,6 +451,23 @@ def _fill_gaps(res: Resolved, accept_new: bool, connect_timeout: float) -> list[
         opts.append(f"ServerAliveInterval={_ALIVE_INTERVAL}")
     if res.get("connecttimeout", "none") == "none" and connect_timeout > 0:
         opts.append(f"ConnectTimeout={max(1, round(connect_timeout))}")
+    return [arg for opt in opts for arg in ("-o", opt)]
+
+
+def _session_overrides(res: Resolved) -> list[str]:
+    """Settings that would keep ``ssh HOST COMMAND`` from being a plain stdio pipe to
+    COMMAND, overridden for filesync's steps only where the user's config has them."""
+    opts = []
+    if res.get("remotecommand"):
+        opts.append("RemoteCommand=none")  # else ssh refuses a command line
+    if res.get("stdinnull") == "yes":
+        opts.append("StdinNull=no")
+    if res.get("sessiontype", "default") != "default":
+        opts.append("SessionType=default")
+    if res.get("forkafterauthentication") == "yes":
+        opts.append("ForkAfterAuthentication=no")
+    if any(res.get(key) for key in ("localforward", "remoteforward", "dynamicforward")):
+        opts.append("ClearAllForwardings=yes")  # the master has them; not once per step
     return [arg for opt in opts for arg in ("-o", opt)]
 
 
