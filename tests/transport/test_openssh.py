@@ -133,6 +133,29 @@ def test_include_and_one_login_per_run_ended_with_the_run(
     assert socket_dir and not Path(socket_dir.group(1)).exists()
 
 
+def test_runtime_dir_is_private_and_leftovers_of_killed_runs_are_swept(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: socket paths
+    try:
+        base = runtime / "filesync"
+        base.mkdir(mode=0o700)
+        stale, fresh = base / "ssh-stale", base / "ssh-fresh"
+        for leftover in (stale, fresh):
+            leftover.mkdir(mode=0o700)
+            (leftover / "master.log").write_text("debug1: ...\n")
+        os.utime(stale / "master.log", (1, 1))
+        run = Run(tmp_path, sshd, block("rt", sshd), "rt")
+        done = run.cli("push", "-v", env={"XDG_RUNTIME_DIR": str(runtime)})
+        assert done.returncode == 0, done.stderr
+        used = re.search(r"socket in (\S+)\)", done.stderr)
+        assert used and Path(used.group(1)).parent == base, done.stderr
+        assert base.stat().st_mode & 0o777 == 0o700
+        assert sorted(p.name for p in base.iterdir()) == ["ssh-fresh"]
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
 def test_match_exec_and_match_final_apply(sshd: SshdContainer, tmp_path: Path) -> None:
     # The address comes only from `Match exec`, the key only from `Match final`: without
     # either, the push cannot log in.

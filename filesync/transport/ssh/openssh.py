@@ -36,6 +36,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ _IDLE_PERSIST = 60
 # Unix socket paths are limited to 104-108 bytes. Below the base come "/ssh-XXXXXXXX/",
 # %C (40 hex digits) and, while ssh binds, a 17-byte temporary suffix: 71 bytes.
 _MAX_SOCKET_DIR = 104 - 71
+# A master's dir with a log but no socket this long is left over (a master that is still
+# logging in, say at a passphrase prompt, has written its log more recently than that).
+_STALE_AFTER = 3600
 _STDERR_KEEP = 1 << 20
 _MASTER_LOG_KEEP = 1 << 20
 _GRACE = 2.0  # how long a finished client may take to exit, or a dying master to die
@@ -103,6 +107,18 @@ def _pid_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+def _sweep(base: Path) -> None:
+    """Remove the directories of masters that are gone (filesync was killed, and the master
+    then exited once idle, taking its socket along): only the log is left in them."""
+    now = time.time()
+    for entry in base.glob("ssh-*"):
+        with contextlib.suppress(OSError):
+            names = os.listdir(entry)
+            log = entry / "master.log"
+            if names == ["master.log"] and now - log.stat().st_mtime > _STALE_AFTER:
+                shutil.rmtree(entry)
+
+
 def _runtime_dir() -> Path:
     """A fresh 0700 directory for one master's socket and log, short enough for a socket."""
     uid = os.getuid()
@@ -119,6 +135,7 @@ def _runtime_dir() -> Path:
             st = base.lstat()
             if base.is_symlink() or st.st_uid != uid or st.st_mode & 0o077:
                 continue  # someone else's, or open to others: not for a control socket
+            _sweep(base)
             return Path(tempfile.mkdtemp(prefix="ssh-", dir=base))
     raise TransportError(
         "no private directory for the ssh control socket (tried "
