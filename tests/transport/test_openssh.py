@@ -189,6 +189,9 @@ def test_alias_and_explicit_form_share_one_state(sshd: SshdContainer, tmp_path: 
     run.ok("push")
     status = run.ok("status", spec=f"ssh://root@{sshd.address}:22/root/{run.remote.name}")
     assert status["plan"] == []
+    # the other client computes the same identity, so it finds the same state too
+    status = run.ok("status", env={"FILESYNC_SSH_CLIENT": "asyncssh"})
+    assert status["plan"] == []
     assert len(list((run.state / "pairs").iterdir())) == 1
 
 
