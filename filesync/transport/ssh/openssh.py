@@ -280,7 +280,7 @@ class OpenSshProcess(RemoteProcess):
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(self._proc.wait(), _GRACE)
                 if code == 255 and await self._conduit._master_gone():
-                    raise await self._lost("ended mid-stream")
+                    raise await self._conduit._lost("ended mid-stream")
         self._conduit._received += len(data)
         return data
 
@@ -300,6 +300,11 @@ class OpenSshProcess(RemoteProcess):
             os.killpg(self._proc.pid, signal.SIGKILL)
 
     async def _lost(self, what: str) -> ConnectionLost:
+        # The client may see its stream break before the master, whose connection broke,
+        # has exited: let both settle before telling a lost connection from a dead command.
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(self._proc.wait(), _GRACE) == 255:
+                await self._conduit._master_gone()
         return await self._conduit._lost(what)
 
 
