@@ -796,3 +796,24 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
     def link_up(self) -> None:
         """Set the host-side veth up again (the kernel restores the route to the subnet)."""
         _run(["ip", "link", "set", self.veth_host, "up"])
+
+    # -- host certificates ------------------------------------------------------------------
+
+    def certify_host_key(self, ca_key: Path) -> Path:
+        """Sign the host key with ``ca_key`` (principals: address and alias) and serve the cert.
+
+        Adds ``HostCertificate`` to sshd_config and restarts a running sshd (the keys survive,
+        so known_hosts stays valid).  Returns the certificate's host path.
+        """
+        pub = self.host_key.with_name(self.host_key.name + ".pub")
+        _run(["ssh-keygen", "-q", "-s", str(ca_key), "-I", self.alias, "-h",
+              "-n", f"{self.address},{self.alias}", str(pub)])
+        cert = self.host_key.with_name(self.host_key.name + "-cert.pub")
+        line = f"HostCertificate {_INSIDE}/{cert.name}\n"
+        if line not in self.sshd_config.read_text():
+            with self.sshd_config.open("a") as config:
+                config.write(line)
+        if self._proc is not None:
+            self.stop()
+            self.start()
+        return cert

@@ -103,6 +103,10 @@ def _common(
     p.add_argument("-i", "--identity", type=Path, metavar="FILE", help="private key file")
     p.add_argument("--accept-new-host-key", action="store_true",
                    help="store an unknown host key (a changed key is always refused)")
+    p.add_argument("--ssh-client", choices=("openssh", "asyncssh"),
+                   default=os.environ.get("FILESYNC_SSH_CLIENT") or None,
+                   help="SSH client: the system ssh (default when found) or the built-in"
+                   " asyncssh (env FILESYNC_SSH_CLIENT)")
     p.add_argument("--via", metavar="CMD",
                    help="reach the remote shell through CMD, e.g. 'docker exec -i NAME'")
     p.add_argument("--lock-timeout", type=_seconds, default=0.0, metavar="SECONDS",
@@ -268,6 +272,7 @@ def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
         identity=_absolute(args.identity),
         accept_new_host_key=args.accept_new_host_key,
         log=output.log(),
+        ssh_client=args.ssh_client,
     )
     remotes = [args.remote] if isinstance(args.remote, str) else list(args.remote or [])
     config, local = _absolute(args.config), None

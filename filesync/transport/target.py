@@ -114,6 +114,7 @@ class ConnectOptions:
     accept_new_host_key: bool = False
     connect_timeout: float = 15.0
     log: Callable[[str], None] | None = field(default=None, compare=False)
+    ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
 
     def __post_init__(self) -> None:
         if not self.connect_timeout > 0:
@@ -121,13 +122,24 @@ class ConnectOptions:
 
 
 async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
-    """Open the conduit for ``target``. SSH pulls in asyncssh only here."""
+    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh."""
     from filesync.transport.local import CommandConduit, local_conduit
 
     if target.kind == "local":
         return local_conduit()
     if target.kind == "via":
         return CommandConduit(via_argv(target.via), f"via:{target.via}")
+    from filesync.transport.ssh import openssh
+
+    if openssh.choose_client(opts.ssh_client) == "openssh":
+        return await openssh.connect(
+            target.host, target.user, target.port,
+            ssh_config=opts.ssh_config,
+            identity=opts.identity,
+            accept_new_host_key=opts.accept_new_host_key,
+            connect_timeout=opts.connect_timeout,
+            verbose=opts.log,
+        )
     from filesync.transport.ssh import conduit as ssh
 
     return await ssh.connect(

@@ -3,7 +3,8 @@
 The key scenarios of test_sync_local.py over SSH, the reported sync-back bug measured on
 the wire, and what a user meets when something is wrong: host key refusals, a wrong key,
 nothing listening, no route, a remote root that is a file, a read-only remote directory,
-a connection cut mid-transfer. HOME is an empty temp dir and there is no ssh-agent, so the
+a connection cut mid-transfer, each with both SSH clients (the system ``ssh``, the
+default, and asyncssh). HOME is an empty temp dir and there is no ssh-agent, so the
 machine's own ~/.ssh never decides an outcome.
 
 Tests that change the container's state (network, mounts, python3) use a private
@@ -31,6 +32,14 @@ pytestmark = pytest.mark.sshd
 Factory = Callable[[int], SshdContainer]
 BOX = 13  # sshd_factory index used by this module
 BIG = 64 << 20  # a transfer long enough to be cut in the middle
+
+
+@pytest.fixture(autouse=True, params=["openssh", "asyncssh"])
+def ssh_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every scenario runs with both SSH clients, and must read the same."""
+    client: str = request.param
+    monkeypatch.setenv("FILESYNC_SSH_CLIENT", client)
+    return client
 
 
 @pytest.fixture(autouse=True)
