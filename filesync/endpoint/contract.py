@@ -120,7 +120,8 @@ class Endpoint(Protocol):
         mtime, and renamed over its target only if the target still has the ``expect``ed
         size and mtime (absent when ``expect`` is None); otherwise ``changed``, target
         untouched. Missing parent directories are created; existing ones are never
-        chmodded. No temp file is left behind, inside the root or outside it.
+        chmodded. No temp file is left behind, inside the root or outside it. The root is
+        created if missing, also by an empty send (which writes nothing else).
         """
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:

@@ -57,6 +57,7 @@ import asyncio
 import contextlib
 import posixpath
 import secrets
+import shlex
 import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -360,7 +361,17 @@ class PosixEndpoint:
                 numbered.append((i, item, exp))
         if numbered:
             results.update(await self._upload(root, numbered))
+        elif total == 0:
+            await self._make_root(root)
         return [results[i] for i in range(1, total + 1)]
+
+    async def _make_root(self, root: str) -> None:
+        """The contract's empty send: the root exists afterwards (nothing else is written)."""
+        done = await self.conduit.run(f"mkdir -p -- {shlex.quote(root)}")
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()
+            raise TransportError(f"could not create the remote root {root}: "
+                                 f"{tail[-1] if tail else 'mkdir failed'}; check its parent")
 
     async def _upload(
         self, root: str, numbered: list[tuple[int, SendItem, str]]

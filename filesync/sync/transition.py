@@ -59,12 +59,20 @@ async def transition(inputs: PassInputs, scans: Scans, planned: Planned) -> Tran
     # (the emptied directory pruned) when the file is written, so it converges in one pass.
     await _delete_remote(inputs, scans.remote, plan, out)
     read_rows = await _upload(inputs, scans, plan, out)
+    await _ensure_remote_root(inputs, scans)
     _apply_host(inputs, scans.ancestors, scans.local, plan, out)
     _record(inputs, scans, plan)
     _update_conflict_table(inputs, planned, conflicts, plan, out)
     _update_caches(inputs, scans, plan, read_rows)
     out.changes.sort(key=_by_path)
     return out
+
+
+async def _ensure_remote_root(inputs: PassInputs, scans: Scans) -> None:
+    """A push or sync leaves the remote root in place even with nothing to upload (as
+    rsync does): the next pull then finds an empty tree, not a missing one."""
+    if inputs.opts.direction is not Direction.PULL and not scans.remote.exists:
+        await inputs.session.send(inputs.remote_root, [], 0)  # an empty send makes the root
 
 
 def _by_path(change: Change) -> str:

@@ -689,3 +689,10 @@ async def test_close_after_a_call_that_raised_mid_stream_ends_the_remote_side(
     await wait_until(lambda: set(container_processes(box)) <= baseline,
                      "the interrupted endpoint's remote processes are gone")
     await ep.close()
+
+
+async def test_an_empty_send_creates_the_root_and_nothing_else(remote: Remote) -> None:
+    root = f"{remote.root}/fresh/deeper"
+    assert await remote.endpoint.send(root, [], 0) == []
+    made = remote.path / "fresh" / "deeper"
+    assert made.is_dir() and list(made.iterdir()) == []

@@ -134,3 +134,12 @@ def test_max_file_size_never_stops_a_push_nor_what_it_must_keep(tmp_path: Path) 
     assert report["skipped"] == [] and "warning" not in pair.stderr
     saved = [Path(c["saved_to"]) for c in report["conflicts"]]
     assert [p.read_text() for p in saved] == ["remote " * 1000]
+
+
+@pytest.mark.parametrize("command", ["push", "sync"])
+def test_an_empty_tree_pushed_leaves_an_empty_remote_root(tmp_path: Path, command: str) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    pair.local.mkdir()
+    pair.ok(command)
+    assert pair.remote.is_dir() and list(pair.remote.iterdir()) == []
+    assert pair.ok("pull")["downloaded"] == 0  # an empty tree, not a missing one
