@@ -7,9 +7,9 @@ remote, detected once by ``start``:
 
 - ``tar`` that reads a file list (``-T``; GNU tar, bsdtar and busybox do), ideally
   with ``--no-recursion``;
-- ``find``: GNU find's ``-printf`` gives nanosecond mtimes; without it (BSD,
-  busybox) every listed path goes through ``stat`` (GNU/busybox ``stat -c`` or BSD
-  ``stat -f``) and mtimes have whole seconds;
+- ``find`` with ``-maxdepth`` (GNU, BSD, busybox): GNU find's ``-printf`` gives
+  nanosecond mtimes; without it every listed path goes through ``stat`` (GNU/busybox
+  ``stat -c`` or BSD ``stat -f``) and mtimes have whole seconds;
 - ``mv`` that takes ``-T`` (GNU coreutils, busybox; without it uploads are refused,
   see ``filesync.endpoint.posix_scripts``), ``env pwd -P``, ``rm``, ``mkdir``,
   ``rmdir``, ``cat``, ``tr``, ``tail``, ``sort`` and, if present, ``xargs -0``
