@@ -160,7 +160,7 @@ enter() {
 """
 
 # One level of a listing. Input: lines ``b 'DIR' 'DIR' ...`` (shell words, quoted by
-# ``level_input``) naming directories relative to the root, all of one depth. Each is
+# ``level_input``), then ``e``; the DIRs are relative to the root, all of one depth. Each is
 # listed with its immediate children only (``-maxdepth 1``: no child directory is
 # opened); which children are listed next is decided by the client's exclusion rule.
 # The start points are printed too: one that is no longer a directory (a symlink
@@ -170,9 +170,12 @@ LIST_OP = r"""
 if [ -d "$r" ]; then
   cd "$r" || exit 3
   echo D
-  rc=0
+  rc=0; fin=
   b() { find "$@" -maxdepth 1 __PRUNE__ __ANY__; c=$?; [ "$c" -le "$rc" ] || rc=$c; }
+  e() { fin=1; }
   eval "$(cat)"
+  # Input cut short (no final "e"): no end mark, so never a shorter tree.
+  [ -n "$fin" ] || exit 3
   printf __END__ "$rc"
 elif [ -e "$r" ] || [ -L "$r" ]; then cat >/dev/null; echo N
 else cat >/dev/null; echo M
@@ -186,7 +189,8 @@ LEVEL_CHUNK = 32 << 10
 def level_input(dirs: Sequence[str]) -> bytes:
     """``LIST_OP``'s input for ``dirs`` (relative to the root, '' for the root itself):
     ``b`` lines of single-quoted words (any byte but NUL is literal in them), each line at
-    most about ``LEVEL_CHUNK`` bytes, so that no ``find`` gets a command line too long."""
+    most about ``LEVEL_CHUNK`` bytes, so that no ``find`` gets a command line too long;
+    then ``e``, the end mark without which the script prints no end of listing."""
     lines: list[str] = []
     words: list[str] = []
     size = 0
@@ -199,7 +203,7 @@ def level_input(dirs: Sequence[str]) -> bytes:
         size += len(word) + 1
     if words:
         lines.append("b " + " ".join(words))
-    return "".join(f"{line}\n" for line in lines).encode("utf-8", "surrogateescape")
+    return "".join(f"{line}\n" for line in [*lines, "e"]).encode("utf-8", "surrogateescape")
 
 # The fetch. Input: the nonce, "1" to have every path stat'ed before tar reads it
 # (exact mtimes for paths the client has not listed) else "0", then one "./path" a line.

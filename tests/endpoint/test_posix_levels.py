@@ -52,7 +52,7 @@ def test_level_input_round_trips_every_name_through_sh_in_bounded_lines() -> Non
     assert len(lines) > 1  # more than one find
     longest = max(len(word.encode("utf-8", "surrogateescape")) for word in dirs) + 8
     assert all(len(line) <= posix_scripts.LEVEL_CHUNK + longest for line in lines)
-    echo = r"""b() { for a; do printf '%s\0' "$a"; done; }; eval "$(cat)" """
+    echo = r"""b() { for a; do printf '%s\0' "$a"; done; }; e() { :; }; eval "$(cat)" """
     out = subprocess.run(["sh", "-c", echo], input=data, capture_output=True, check=True)
     assert out.stdout.split(b"\0")[:-1] == [
         (f"./{d}" if d else ".").encode("utf-8", "surrogateescape") for d in dirs]
@@ -120,3 +120,20 @@ def test_a_find_without_maxdepth_is_refused_in_one_line() -> None:
              "findnomaxdepth": ["1"]}
     problem = posix_parse.missing_tools_error(facts)
     assert problem is not None and "-maxdepth" in problem and "\n" not in problem
+
+
+def test_a_level_whose_input_was_cut_short_is_an_error_not_a_shorter_tree(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path / "a" / "f.txt", "x")
+    text = posix_scripts.script(Tools(), str(tmp_path), posix_scripts.LIST_OP)
+    whole = posix_scripts.level_input(["", "a"])
+    assert whole.endswith(b"\ne\n")
+
+    def output(data: bytes) -> bytes:
+        return subprocess.run(["sh", "-c", text], input=data, capture_output=True).stdout
+
+    records = posix_parse.parse_records(output(whole).split(b"\n", 1)[1], GNU_FIND)
+    assert {r.rel for r in records} == {"", "a", "a/f.txt"}
+    with pytest.raises(posix_parse.TransportError, match="did not finish"):
+        posix_parse.parse_records(output(whole[:-2]).split(b"\n", 1)[1], GNU_FIND)
