@@ -7,9 +7,9 @@ remote, detected once by ``start``:
 
 - ``tar`` that reads a file list (``-T``; GNU tar, bsdtar and busybox do), ideally
   with ``--no-recursion``;
-- ``find``: GNU find's ``-printf`` gives nanosecond mtimes; without it (BSD,
-  busybox) every listed path goes through ``stat`` (GNU/busybox ``stat -c`` or BSD
-  ``stat -f``) and mtimes have whole seconds;
+- ``find`` with ``-maxdepth`` (GNU, BSD, busybox): GNU find's ``-printf`` gives
+  nanosecond mtimes; without it every listed path goes through ``stat`` (GNU/busybox
+  ``stat -c`` or BSD ``stat -f``) and mtimes have whole seconds;
 - ``mv`` that takes ``-T`` (GNU coreutils, busybox; without it uploads are refused,
   see ``filesync.endpoint.posix_scripts``), ``env pwd -P``, ``rm``, ``mkdir``,
   ``rmdir``, ``cat``, ``tr``, ``tail``, ``sort`` and, if present, ``xargs -0``
@@ -19,10 +19,14 @@ A missing tool is one error line naming it and the fix (python3 is preferred).
 
 Guarantees, per operation:
 
-- ``list_tree``: the default excluded directory names are pruned on the remote
-  (``find ... -prune``: nothing under them is listed or read); gitignore patterns
-  are applied here, on the listing, before any content is asked for. Symlinks and
-  special files are reported as skipped; hard-linked files too.
+- ``list_tree``: level by level, one ``find DIR... -maxdepth 1`` command per depth
+  over every directory kept at the previous depth. Which child directories are listed
+  next is decided here by the one exclusion rule (``ExcludeRule``, gitignore patterns
+  and default names alike), so an excluded directory is never opened and nothing
+  under it is read (the default names are also pruned by ``find`` itself, which only
+  saves their records). A directory swapped for a symlink between two levels is not
+  followed and is reported ``path-raced``. Symlinks and special files are reported as
+  skipped; hard-linked files too.
 - ``fetch``: one ``tar -c`` stream, parsed here with ``tarfile`` in stream mode and
   never extracted: only regular-file members named exactly like a requested path
   are handed to the sink, each once. Links, devices, directories, ``..``, absolute
@@ -39,9 +43,14 @@ Guarantees, per operation:
   that did not arrive whole commits nothing.
 - ``delete``: ``rm -f`` only of files still as listed, then ``rmdir`` of the
   directories it left empty (never the root).
-- Round trips: one command per operation; ``send`` reads the parent-directory verdicts
-  before it streams (one exchange in the same command); a listing that finds temp files
-  of gone runs removes them with one more command, as the helper's walk does.
+- Round trips: one command per operation, except listings: one per directory depth
+  of the tree (plus one past the deepest, which finds no directory); ``send`` reads the
+  parent-directory verdicts before it streams (one exchange in the same command); a
+  listing that finds temp files of gone runs removes them with one more command, as
+  the helper's walk does. A ``fetch`` of paths this endpoint has not listed stats them
+  in the same command right before ``tar`` reads them, so their headers carry the
+  remote's exact mtime (a tar header has whole seconds) and they are checked against
+  that stat as against a listing.
 - Paths with a symlinked parent directory are refused, as by the helper. Nothing is
   written, created or removed outside the root even while the remote swaps
   directories and symlinks: how, and the one limit (a directory moved out while in
@@ -66,13 +75,12 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchSink, Outcome, SendItem
 from filesync.endpoint.posix_parse import (
-    FIND_ERR,
     Lines,
     Listed,
     Record,
+    build_listing,
     missing_tools_error,
     parse_records,
-    rel_of,
     result_reason,
     stat_lines,
     tar_errors,
@@ -89,13 +97,13 @@ from filesync.endpoint.posix_scripts import (
     STAT_C,
     STAT_F,
     Tools,
+    level_input,
     script,
 )
 from filesync.endpoint.posix_tar import CHUNK, Bridge, TarFetch, header
 from filesync.errors import ConnectionLost, TransportError
 from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
-from filesync.tree.dirfd import is_temp_name
 from filesync.tree.paths import resolve_root, unsafe_reason
 from filesync.tree.wire import Reason, describe
 
@@ -210,30 +218,67 @@ class PosixEndpoint:
     # -- operations -------------------------------------------------------------------
 
     async def list_tree(self, root: str, rule: ExcludeRule) -> Listing:
-        """List regular files under ``root``; see the module doc for what is pruned where."""
+        """List regular files under ``root`` level by level (see the module doc): a child
+        directory is listed at the next depth only if ``rule`` does not exclude it."""
+        matcher = rule.matcher()
+        records: list[Record] = []
+        stderr_parts: list[str] = []
+        raced: list[str] = []
+        level = [""]
+        while level:
+            status, recs, stderr_text = await self._list_level(root, rule, level)
+            if status in ("N", "M") and level == [""]:
+                if status == "N":
+                    raise TransportError(
+                        f"remote root {root} is not a directory; give a directory path")
+                return Listing(root, False)
+            if status != "D":
+                raise self._broken("the listing", stderr_text.strip()[-200:])
+            stderr_parts.append(stderr_text)
+            starts = set(level)
+            level = []
+            for rec in recs:
+                if rec.rel in starts:
+                    if rec.kind != "d" and rec.rel:
+                        raced.append(rec.rel)
+                    continue
+                records.append(rec)
+                if rec.kind == "d" and not matcher.matches(rec.rel, True):
+                    level.append(rec.rel)
+        listing = self._listing(root, rule, records, "".join(stderr_parts))
+        listing.skipped += [Skipped.of(rel, Reason.PATH_RACED) for rel in raced]
+        filter_unsafe(listing)  # an unsafe name is never an entry
+        if self._stale.get(root):
+            await self._clean(root, self._stale.pop(root))
+        return listing
+
+    async def _list_level(self, root: str, rule: ExcludeRule, dirs: list[str]
+                          ) -> tuple[str, list[Record], str]:
+        """One ``LIST_OP`` over ``dirs``: (status, records, stderr)."""
         proc, err = await self._start(script(self.tools, root, LIST_OP, rule.dir_names))
-        await proc.write_eof()
-        out = Lines(proc)
-        status = await out.line()
-        data = await out.rest() if status == "D" else b""
+        # Written while the output is read: neither side may block on a full pipe.
+        writer = asyncio.create_task(self._feed(proc, level_input(dirs)))
+        try:
+            out = Lines(proc)
+            status = await out.line()
+            data = await out.rest() if status == "D" else b""
+            await writer
+        except BaseException:
+            self._abandon(proc, err, writer)
+            raise
         stderr_text = ""
         try:
             await proc.wait()
             stderr_text = (await err).decode("utf-8", "surrogateescape")
         finally:
             self._running.discard(proc)
-        if status == "N":
-            raise TransportError(f"remote root {root} is not a directory; give a directory path")
-        if status == "M":
-            return Listing(root, False)
-        if status != "D":
-            raise self._broken("the listing", stderr_text.strip()[-200:])
-        listing = self._listing(root, rule, parse_records(data, self.tools.flavour),
-                                stderr_text)
-        filter_unsafe(listing)  # an unsafe name is never an entry
-        if self._stale.get(root):
-            await self._clean(root, self._stale.pop(root))
-        return listing
+        records = parse_records(data, self.tools.flavour) if status == "D" else []
+        return status or "", records, stderr_text
+
+    @staticmethod
+    async def _feed(proc: RemoteProcess, data: bytes) -> None:
+        await proc.write(data)
+        await proc.write_eof()
 
     async def _clean(self, root: str, stale: list[str]) -> None:
         """Remove temp files left by filesync runs that are gone, as the helper's walk does.
@@ -254,54 +299,9 @@ class PosixEndpoint:
 
     def _listing(self, root: str, rule: ExcludeRule, records: list[Record],
                  stderr_text: str) -> Listing:
-        matcher = rule.matcher()
-        listing = Listing(root, True)
-        listed: dict[str, Listed] = {}
-        stale: list[str] = []
-        pruned: set[str] = set()
-
-        def under_pruned(rel: str) -> bool:
-            at = rel.find("/")
-            while at >= 0:
-                if rel[:at] in pruned:
-                    return True
-                at = rel.find("/", at + 1)
-            return False
-
-        for rec in sorted(records, key=lambda r: r.rel.count("/")):
-            rel = rec.rel
-            if not rel or under_pruned(rel):
-                continue
-            if rec.kind == "X" or (rec.kind == "d" and matcher.matches(rel, True)):
-                listing.excluded += 1
-                pruned.add(rel)
-            elif rec.kind == "d":
-                continue
-            elif matcher.matches(rel, False):
-                listing.excluded += 1
-            elif rec.kind == "f":
-                if is_temp_name(posixpath.basename(rel)):
-                    stale.append(rel)
-                elif rec.nlink > 1:
-                    listing.skipped.append(Skipped.of(rel, Reason.HARD_LINK))
-                else:
-                    listing.entries[rel] = Entry(rel, FILE, rec.size, rec.mtime_ns, rec.mode,
-                                                 rec.ino)
-                    listed[rel] = Listed(rec.size, rec.mtime_ns, rec.token)
-            elif rec.kind == "l":
-                listing.skipped.append(Skipped.of(rel, Reason.SYMLINK))
-            else:
-                listing.skipped.append(Skipped.of(rel, Reason.SPECIAL_FILE))
-        for line in stderr_text.splitlines():
-            m = FIND_ERR.match(line)
-            if m is None:
-                continue
-            rel = rel_of(m.group(1) or m.group(2))
-            if rel and (under_pruned(rel) or rel in pruned):
-                continue
-            listing.skipped.append(Skipped.of(rel or ".", Reason.UNREADABLE, m.group(3)))
-        self._listed[root] = listed
-        self._stale[root] = stale
+        """The listing of ``records`` (and find's complaints); remembers what was listed."""
+        listing, self._listed[root], self._stale[root] = build_listing(
+            root, rule, records, stderr_text)
         return listing
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
@@ -315,14 +315,28 @@ class PosixEndpoint:
         if not wanted:
             return
         nonce = secrets.token_hex(16).encode()
+        # Unlisted paths are stat'ed by the same command right before tar reads them: the
+        # header then has the remote's exact mtime (a tar header has whole seconds), and
+        # the file is checked against that stat as against a listing.
+        unlisted = None in wanted.values()
         proc, err = await self._start(script(self.tools, root, FETCH_OP))
-        parser = TarFetch(wanted, sink)
         try:
-            request = nonce + b"\n" + "".join(f"./{rel}\n" for rel in wanted).encode(
-                "utf-8", "surrogateescape")
+            request = nonce + (b"\n1\n" if unlisted else b"\n0\n") + "".join(
+                f"./{rel}\n" for rel in wanted).encode("utf-8", "surrogateescape")
             await proc.write(request)
             await proc.write_eof()
-            bridge = Bridge(proc, asyncio.get_running_loop())
+            head = Lines(proc)
+            pre: list[str] = []
+            while (line := await head.line()) != f"{nonce.decode()} pre":
+                if line is None:
+                    raise ConnectionLost("the remote fetch ended before its tar stream "
+                                         "(connection lost?); rerun")
+                pre.append(line)
+            for rel, stat in stat_lines("\n".join(pre), self.tools.flavour).items():
+                if rel in wanted and wanted[rel] is None:
+                    wanted[rel] = Listed(*stat)
+            parser = TarFetch(wanted, sink)
+            bridge = Bridge(proc, asyncio.get_running_loop(), bytes(head.buf))
             await asyncio.to_thread(parser.run, bridge)
             rest = Lines(proc)
             region = bridge.tail + await rest.rest()

@@ -5,13 +5,17 @@ a listing or an answer that did not arrive whole is an error, never a shorter tr
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from filesync.core.exclude import ExcludeRule
+from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.posix_scripts import GNU_FIND, STAT_C
 from filesync.errors import TransportError
 from filesync.transport.base import RemoteProcess
+from filesync.tree.dirfd import is_temp_name
 from filesync.tree.wire import Reason, describe, parse_reason
 
 #: Largest listing, result or trailer text accepted from the remote.
@@ -104,6 +108,60 @@ def parse_records(data: bytes, flavour: str) -> list[Record]:
             raise TransportError(
                 f"remote find printed an unexpected line: {text[:80]!r}") from exc
     return out
+
+
+def build_listing(root: str, rule: ExcludeRule, records: list[Record],
+                  stderr_text: str) -> tuple[Listing, dict[str, Listed], list[str]]:
+    """The listing of ``records`` under ``rule`` (excluded directories and everything
+    under them counted once), with find's complaints as unreadable directories; also
+    the listed stat tokens and the temp files of filesync runs found."""
+    matcher = rule.matcher()
+    listing = Listing(root, True)
+    listed: dict[str, Listed] = {}
+    stale: list[str] = []
+    pruned: set[str] = set()
+
+    def under_pruned(rel: str) -> bool:
+        at = rel.find("/")
+        while at >= 0:
+            if rel[:at] in pruned:
+                return True
+            at = rel.find("/", at + 1)
+        return False
+
+    for rec in sorted(records, key=lambda r: r.rel.count("/")):
+        rel = rec.rel
+        if not rel or under_pruned(rel):
+            continue
+        if rec.kind == "X" or (rec.kind == "d" and matcher.matches(rel, True)):
+            listing.excluded += 1
+            pruned.add(rel)
+        elif rec.kind == "d":
+            continue
+        elif matcher.matches(rel, False):
+            listing.excluded += 1
+        elif rec.kind == "f":
+            if is_temp_name(posixpath.basename(rel)):
+                stale.append(rel)
+            elif rec.nlink > 1:
+                listing.skipped.append(Skipped.of(rel, Reason.HARD_LINK))
+            else:
+                listing.entries[rel] = Entry(rel, FILE, rec.size, rec.mtime_ns, rec.mode,
+                                             rec.ino)
+                listed[rel] = Listed(rec.size, rec.mtime_ns, rec.token)
+        elif rec.kind == "l":
+            listing.skipped.append(Skipped.of(rel, Reason.SYMLINK))
+        else:
+            listing.skipped.append(Skipped.of(rel, Reason.SPECIAL_FILE))
+    for line in stderr_text.splitlines():
+        m = FIND_ERR.match(line)
+        if m is None:
+            continue
+        rel = rel_of(m.group(1) or m.group(2))
+        if rel and (under_pruned(rel) or rel in pruned):
+            continue
+        listing.skipped.append(Skipped.of(rel or ".", Reason.UNREADABLE, m.group(3)))
+    return listing, listed, stale
 
 
 def stat_lines(text: str, flavour: str) -> dict[str, tuple[int, int, str]]:
@@ -221,6 +279,10 @@ def missing_tools_error(facts: dict[str, list[str]]) -> str | None:
     if "findprintf" not in facts and "stat" not in facts:
         return (f"the remote has no python3, its find has no -printf (not GNU find) and it "
                 f"has no stat; {hint}, GNU findutils or stat")
+    if "findnomaxdepth" in facts:
+        return (f"the remote has no python3 and its find has no -maxdepth (needed to list "
+                f"level by level, never reading excluded directories); {hint} or GNU "
+                f"findutils")
     if facts.get("missing"):
         names = " and ".join(facts["missing"])
         return f"the remote has no python3 and no {names}; {hint} or coreutils"

@@ -77,6 +77,7 @@ fi
 if command -v find >/dev/null 2>&1; then
   echo find=1
   find /dev/null -prune -printf '' >/dev/null 2>&1 && echo findprintf=1
+  find /dev/null -maxdepth 0 >/dev/null 2>&1 || echo findnomaxdepth=1
 fi
 if stat -c %s /dev/null >/dev/null 2>&1; then echo stat=c
 elif stat -f %z /dev/null >/dev/null 2>&1; then echo stat=f; fi
@@ -158,21 +159,62 @@ enter() {
 }
 """
 
+# One level of a listing. Input: lines ``b 'DIR' 'DIR' ...`` (shell words, quoted by
+# ``level_input``), then ``e``; the DIRs are relative to the root, all of one depth. Each is
+# listed with its immediate children only (``-maxdepth 1``: no child directory is
+# opened); which children are listed next is decided by the client's exclusion rule.
+# The start points are printed too: one that is no longer a directory (a symlink
+# swapped in since the previous level) is neither followed nor listed under (find
+# follows no symlink without -H/-L), and the client sees it changed.
 LIST_OP = r"""
 if [ -d "$r" ]; then
   cd "$r" || exit 3
   echo D
-  find . __PRUNE__ __ANY__
-  printf __END__ "$?"
-elif [ -e "$r" ] || [ -L "$r" ]; then echo N
-else echo M
+  rc=0; fin=
+  b() { find "$@" -maxdepth 1 __PRUNE__ __ANY__; c=$?; [ "$c" -le "$rc" ] || rc=$c; }
+  e() { fin=1; }
+  eval "$(cat)"
+  # Input cut short (no final "e"): no end mark, so never a shorter tree.
+  [ -n "$fin" ] || exit 3
+  printf __END__ "$rc"
+elif [ -e "$r" ] || [ -L "$r" ]; then cat >/dev/null; echo N
+else cat >/dev/null; echo M
 fi
 """
 
+#: Bytes of quoted names per ``find`` of a listing level: far below any ARG_MAX.
+LEVEL_CHUNK = 32 << 10
+
+
+def level_input(dirs: Sequence[str]) -> bytes:
+    """``LIST_OP``'s input for ``dirs`` (relative to the root, '' for the root itself):
+    ``b`` lines of single-quoted words (any byte but NUL is literal in them), each line at
+    most about ``LEVEL_CHUNK`` bytes, so that no ``find`` gets a command line too long;
+    then ``e``, the end mark without which the script prints no end of listing."""
+    lines: list[str] = []
+    words: list[str] = []
+    size = 0
+    for rel in dirs:
+        word = shlex.quote(f"./{rel}" if rel else ".")
+        if words and size + len(word) > LEVEL_CHUNK:
+            lines.append("b " + " ".join(words))
+            words, size = [], 0
+        words.append(word)
+        size += len(word) + 1
+    if words:
+        lines.append("b " + " ".join(words))
+    return "".join(f"{line}\n" for line in [*lines, "e"]).encode("utf-8", "surrogateescape")
+
+# The fetch. Input: the nonce, "1" to have every path stat'ed before tar reads it
+# (exact mtimes for paths the client has not listed) else "0", then one "./path" a line.
+# Output: those "S" lines, "<nonce> pre", the tar stream, then the trailer.
 FETCH_OP = r"""
 IFS= read -r nonce
+IFS= read -r pre
 list=$(cat)
 cd "$r" 2>/dev/null || list=
+[ "$pre" != 1 ] || [ -z "$list" ] || printf '%s\n' "$list" | stm
+printf '%s pre\n' "$nonce"
 exec 3>&1
 # tar's stdout is the stream (fd 3); its complaints, and those of the loop that keeps
 # out what is no regular file (in tar's own format), are collected for the trailer.

@@ -27,14 +27,20 @@ CHUNK = 1 << 20
 class Bridge:
     """A blocking ``read`` for ``tarfile`` (in a worker thread) over an async process."""
 
-    def __init__(self, proc: RemoteProcess, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, proc: RemoteProcess, loop: asyncio.AbstractEventLoop,
+                 pending: bytes = b"") -> None:
         self.proc = proc
         self.loop = loop
         self._reads = [b"", b""]
+        self._pending = pending  # already read from the process: the stream's start
 
     def read(self, n: int = -1) -> bytes:
+        if self._pending:
+            data, self._pending = self._pending, b""
+            self._reads = [self._reads[1], data]
+            return data
         want = max(n, 1 << 18)  # tarfile copes with more than it asked for
-        data: bytes = asyncio.run_coroutine_threadsafe(self.proc.read(want), self.loop).result()
+        data = asyncio.run_coroutine_threadsafe(self.proc.read(want), self.loop).result()
         self._reads = [self._reads[1], data]
         return data
 

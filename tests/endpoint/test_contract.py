@@ -251,6 +251,23 @@ async def test_default_excluded_dirs_are_pruned_unread(remote: Remote) -> None:
     assert atime(root / "keep" / "x") != OLD_ATIME
 
 
+async def test_pattern_excluded_dirs_are_pruned_unread(remote: Remote) -> None:
+    root = remote.path
+    rule = ExcludeRule.build(["cache/", "build*/", "*.log"])
+    write(root / "keep" / "a.txt", "kept\n")
+    write(root / "keep" / "a.log", "excluded file\n")
+    pruned = [root / "cache", root / "keep" / "build-out", root / "keep" / "deep" / "cache"]
+    for d in pruned:
+        odd_kinds(d, remote.box.home / "outside")
+    for d in [*pruned, root / "keep" / "deep"]:
+        age_atime(d)
+    listing = await remote.endpoint.list_tree(remote.root, rule)
+    assert set(listing.entries) == {"keep/a.txt"}
+    assert listing.skipped == []
+    assert [atime(d) for d in pruned] == [OLD_ATIME] * len(pruned)
+    assert atime(root / "keep" / "deep") != OLD_ATIME
+
+
 async def test_links_special_files_and_unsafe_names_are_skipped_never_listed(
     remote: Remote,
 ) -> None:
@@ -358,6 +375,20 @@ async def test_fetch_streams_exactly_the_asked_files(remote: Remote) -> None:
         st = (root / rel).stat()
         head = sink.heads[rel]
         assert (head.size, head.mode) == (st.st_size, st.st_mode & 0o7777), rel
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+async def test_fetch_header_has_the_remote_mtime(remote: Remote, listed: bool) -> None:
+    """The header is the file as the remote saw it, nanoseconds included, whether or not
+    this endpoint listed the root before."""
+    write(remote.path / "a.txt", "alpha\n")
+    os.utime(remote.path / "a.txt", ns=(MTIME, MTIME))
+    if listed:
+        await remote.endpoint.list_tree(remote.root, RULE)
+    sink = Sink()
+    await remote.endpoint.fetch(remote.root, ["a.txt"], sink)
+    assert sink.files == {"a.txt": b"alpha\n"}
+    assert sink.heads["a.txt"].mtime_ns == MTIME
 
 
 async def test_fetch_reports_vanished_and_refused_paths_as_failed(remote: Remote) -> None:
