@@ -42,7 +42,7 @@ Guarantees, per operation:
   never chmodded. A file tar could not write whole (a full disk) fails alone; a stream
   that did not arrive whole commits nothing.
 - ``delete``: ``rm -f`` only of files still as listed, then ``rmdir`` of the
-  directories it left empty (never the root).
+  directories it left empty (never the root). An empty ``send`` makes the root.
 - Round trips: one command per operation, except listings: one per directory depth
   of the tree (plus one past the deepest, which finds no directory); ``send`` reads the
   parent-directory verdicts before it streams (one exchange in the same command); a
@@ -83,6 +83,7 @@ from filesync.endpoint.posix_parse import (
     parse_records,
     result_reason,
     stat_lines,
+    statuses,
     tar_errors,
     trailer,
 )
@@ -380,12 +381,10 @@ class PosixEndpoint:
         return [results[i] for i in range(1, total + 1)]
 
     async def _make_root(self, root: str) -> None:
-        """The contract's empty send: the root exists afterwards (nothing else is written)."""
         done = await self.conduit.run(f"mkdir -p -- {shlex.quote(root)}")
         if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()
             raise TransportError(f"could not create the remote root {root}: "
-                                 f"{tail[-1] if tail else 'mkdir failed'}; check its parent")
+                                 f"{done.stderr.decode(errors='replace').strip()[-200:]}")
 
     async def _upload(
         self, root: str, numbered: list[tuple[int, SendItem, str]]
@@ -477,7 +476,7 @@ class PosixEndpoint:
     def _send_results(self, numbered: list[tuple[int, SendItem, str]], refused: dict[int, str],
                       local_errors: dict[int, str], sent: dict[int, int], lines: list[str],
                       pid: str, stderr_line: str) -> dict[int, Outcome]:
-        status = _statuses(lines)
+        status = statuses(lines)
         tar_lines = [ln[2:] for ln in lines if ln.startswith("E ")]
         aborted, done = "ABORT" in lines, "DONE" in lines
         if not aborted and not done:
@@ -562,7 +561,7 @@ class PosixEndpoint:
                 "the remote delete ended without its results (connection lost?); rerun"
                 if not stderr_line else f"remote delete failed: {stderr_line}; rerun"
             )
-        status = _statuses(lines)
+        status = statuses(lines)
         out: dict[int, Outcome] = {}
         for i, e in asked:
             state, reason = status.get(i, ("error", "os no answer from the remote"))
@@ -583,8 +582,6 @@ class PosixEndpoint:
         self._running.clear()
 
 
-
-
 _NO_MV_T = ("the remote's mv has no -T (it could move a file into a directory swapped in "
             "meanwhile); install python3 there (preferred) or GNU coreutils")
 
@@ -597,13 +594,3 @@ def _failed(path: str, code: Reason, detail: str = "") -> Outcome:
 def _temp(pid: str, n: int) -> str:
     """The name of this run's ``n``-th temp file, a single name in the root."""
     return f".filesync.{pid}.{n}.tmp"
-
-
-def _statuses(lines: list[str]) -> dict[int, tuple[str, str]]:
-    """``R <i> <state> [<reason>]`` lines -> {i: (state, reason)}."""
-    status: dict[int, tuple[str, str]] = {}
-    for line in lines:
-        parts = line.split(" ", 3)
-        if parts[0] == "R" and len(parts) >= 3 and parts[1].isdigit():
-            status[int(parts[1])] = (parts[2], parts[3] if len(parts) > 3 else "")
-    return status

@@ -289,3 +289,11 @@ def missing_tools_error(facts: dict[str, list[str]]) -> str | None:
     return None
 
 
+def statuses(lines: list[str]) -> dict[int, tuple[str, str]]:
+    """``R <i> <state> [<reason>]`` lines -> {i: (state, reason)}."""
+    status: dict[int, tuple[str, str]] = {}
+    for line in lines:
+        parts = line.split(" ", 3)
+        if parts[0] == "R" and len(parts) >= 3 and parts[1].isdigit():
+            status[int(parts[1])] = (parts[2], parts[3] if len(parts) > 3 else "")
+    return status
