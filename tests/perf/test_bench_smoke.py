@@ -28,6 +28,7 @@ import sshd  # noqa: E402
 import trees  # noqa: E402
 
 AGENT = "filesync --persist"  # the CLI through the opt-in agent, measured next to it
+ASYNC = "filesync --ssh-client asyncssh"  # the plain CLI over the other SSH client
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(240)]
 
@@ -83,8 +84,9 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
                 step["median"][tool])
         assert step["ratios"], key
         assert all(v > 0 for v in step["ratios"].values()), key
-    assert set(result["steps"]["initial"]["runs"]) == {"filesync", AGENT, "rsync", "tar"}
-    assert set(result["steps"]["pull"]["runs"]) == {"filesync", AGENT, "rsync", "old sync-back"}
+    assert set(result["steps"]["initial"]["runs"]) == {"filesync", AGENT, ASYNC, "rsync", "tar"}
+    assert set(result["steps"]["pull"]["runs"]) == {"filesync", AGENT, ASYNC, "rsync",
+                                                    "old sync-back"}
     assert {"filesync/old sync-back", f"{AGENT}/old sync-back", f"{AGENT}/rsync"} <= set(
         result["steps"]["pull"]["ratios"])
     fan = result["steps"]["fanout"]["ratios"]
