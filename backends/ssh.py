@@ -2,15 +2,7 @@
 
 Setup refuses a mapping whose local root is missing (before connecting), connects once
 (the user's OpenSSH config, host-key checks), pushes every mapping, and snapshots the
-environment of one remote login shell with the launch PATH restored. Every sync (the
-setup push, ``sync_before_run``, the teardown pull) is a call of one
-:class:`filesync.AsyncSession` over the terminal's own connection, so a terminal follows
-the library's rules exactly (``filesync.session``): a mapping may be a directory or a
-single file (a file's pass touches no other file of either parent directory); the
-innermost of nested mappings owns a path (:func:`filesync.mapping.nested_excludes`), so
-an outer mapping's passes leave an inner one's files alone on both sides; and a mapping
-whose remote root is its local tree reached twice is refused at setup with ``SelfSync``
-before anything changed. Commands then run over
+environment of one remote login shell with the launch PATH restored. Commands then run over
 the same connection. Leaving the block is the teardown hook: every remote process the
 terminal started is killed (background, cancelled or timed-out commands alike: see
 ``_remote.py``), the two-way mappings are pulled back (remote bookkeeping trees stay
@@ -18,6 +10,15 @@ remote), then the connection closes. Teardown runs even when the block raised; a
 failure is logged and kept in ``sync_back_errors`` (the other mappings are still pulled),
 never raised over the block's own exception, and leaves nothing half-applied (the pull is
 journaled). ``reports`` holds one ``Report`` per pass, in the order the passes ran.
+
+Every sync (the setup push, ``sync_before_run``, the teardown pull) is a call of one
+:class:`filesync.AsyncSession` over the terminal's own connection, so a terminal follows
+the library's rules from the same code (``filesync.session``): a mapping may be a
+directory or a single file (a file's pass touches no other file of either parent
+directory); the innermost of nested mappings owns a path
+(:func:`filesync.mapping.nested_excludes`), so an outer mapping's passes leave an inner
+one's files alone on both sides; and a mapping whose remote root is its local tree reached
+twice is refused at setup with ``SelfSync`` before anything changed.
 """
 
 from __future__ import annotations
