@@ -7,12 +7,18 @@ the same connection. Leaving the block is the teardown hook: every remote proces
 terminal started is killed (background, cancelled or timed-out commands alike: see
 ``_remote.py``), the two-way mappings are pulled back (remote bookkeeping trees stay
 remote), then the connection closes. Teardown runs even when the block raised; a sync-back
-failure is logged and kept in ``sync_back_errors``, never raised over the block's own
-exception, and leaves nothing half-applied (the pull is journaled).
+failure is logged and kept in ``sync_back_errors`` (the other mappings are still pulled),
+never raised over the block's own exception, and leaves nothing half-applied (the pull is
+journaled). ``reports`` holds one ``Report`` per pass, in the order the passes ran.
 
-Mappings synced together follow one ownership rule, :func:`filesync.mapping.nested_excludes`:
-the innermost mapping owns a path, so an outer mapping's passes leave an inner one's files
-alone on both sides.
+Every sync (the setup push, ``sync_before_run``, the teardown pull) is a call of one
+:class:`filesync.AsyncSession` over the terminal's own connection, so a terminal follows
+the library's rules from the same code (``filesync.session``): a mapping may be a
+directory or a single file (a file's pass touches no other file of either parent
+directory); the innermost of nested mappings owns a path
+(:func:`filesync.mapping.nested_excludes`), so an outer mapping's passes leave an inner
+one's files alone on both sides; and a mapping whose remote root is its local tree reached
+twice is refused at setup with ``SelfSync`` before anything changed.
 """
 
 from __future__ import annotations
@@ -27,17 +33,14 @@ from types import TracebackType
 
 from filesync import (
     TWO_WAY,
+    AsyncSession,
     Conduit,
-    Direction,
-    ExcludeRule,
     FilesyncError,
     Mapping,
-    Options,
     Report,
+    SessionReport,
     default_state_dir,
     drop_session,
-    nested_excludes,
-    run_pass,
 )
 
 from ._paths import StrPath, local_path, optional_local_path, remote_path
@@ -114,8 +117,10 @@ class SSHTerminal:
         self._child_env: dict[str, str] = {}
         self.shell: ShellPlan | None = None
         self.sync_back_errors: list[FilesyncError] = []
+        #: One ``Report`` per pass (setup push, pushes before commands, teardown pull).
         self.reports: list[Report] = []
         self._conduit: Conduit | None = None
+        self._session: AsyncSession | None = None
         self._commands: Commands | None = None
         self._last_push = 0.0
 
@@ -131,6 +136,10 @@ class SSHTerminal:
             identity=self.identity, accept_new_host_key=self.accept_new_host_key,
         )
         self._commands = Commands(self._conduit)
+        # A terminal runs many passes on one connection (setup, sync before commands,
+        # teardown): its trees stay watched in between, so a quiet pass walks nothing.
+        self._session = AsyncSession(conduit=self._conduit, state_dir=self.state_dir,
+                                     exclude=self.exclude, watch=True)
         try:
             # The session's own environment before any profile ran: the launch PATH, HOME.
             base = await self._commands.run(["env", "-0"], None)
@@ -165,6 +174,9 @@ class SSHTerminal:
 
     async def _close(self, *, polite: bool) -> None:
         await self._kill_commands()
+        # The session runs on the terminal's connection, so ending the helper and closing
+        # the connection here is all its close() would do; it is never called again.
+        self._session = None
         if self._conduit is not None:
             conduit, self._conduit = self._conduit, None
             try:
@@ -183,39 +195,34 @@ class SSHTerminal:
 
     async def push(self) -> None:
         """Push every mapping (two-way and upload-only) over the session's connection."""
-        for mapping in self.mappings:
-            self.reports.append(await self._pass(mapping, Direction.PUSH))
+        if self.mappings:
+            self._keep(await self._require_session().push(self.mappings))
         self._last_push = time.monotonic()
 
     async def sync_back(self) -> None:
         """Pull the two-way mappings; failures are logged and kept, never raised."""
-        for mapping in self.mappings:
-            if mapping.mode != TWO_WAY:
-                continue  # upload-only trees (credentials) are never written back
-            try:
-                self.reports.append(await self._pass(mapping, Direction.PULL))
-            except FilesyncError as exc:
-                log.warning("sync-back of %s failed: %s", mapping.local, exc)
-                self.sync_back_errors.append(exc)
+        if not any(m.mode == TWO_WAY for m in self.mappings):
+            return  # upload-only trees (credentials) are never written back
+        try:
+            # One call for all of them: the nested rule sees every mapping, and a failed
+            # pass does not keep the others from pulling.
+            report = await self._require_session().pull(self.mappings, keep_going=True)
+        except FilesyncError as exc:
+            log.warning("sync-back failed: %s", exc)
+            self.sync_back_errors.append(exc)
+            return
+        self._keep(report)
+        for mapping, failure in report.failed:
+            log.warning("sync-back of %s failed: %s", mapping.local, failure)
+            self.sync_back_errors.append(failure)
 
-    async def _pass(self, mapping: Mapping, direction: Direction) -> Report:
-        local = Path(mapping.local).resolve()
-        home = self._base_env.get("HOME", "/")
-        inner = nested_excludes(mapping, self.mappings,
-                                remote_root=lambda p: remote_path(p, home))
-        rule = ExcludeRule.build(
-            self.exclude, root=local, source="SSHTerminal(exclude=...)",
-            more=[(f"Mapping({mapping.local!r}).exclude", mapping.exclude),
-                  ("a nested mapping's root", inner)])
-        # A terminal runs many passes on one connection (setup, sync before commands,
-        # teardown): its trees stay watched in between, so a quiet pass walks nothing.
-        opts = Options(direction, rule, self.state_dir, watch=True)
-        return await run_pass(self._require(), local, mapping.remote, opts)
+    def _keep(self, report: SessionReport) -> None:
+        self.reports += [one for _mapping, one in report.passes]
 
-    def _require(self) -> Conduit:
-        if self._conduit is None:
+    def _require_session(self) -> AsyncSession:
+        if self._session is None:
             raise FilesyncError("the SSH terminal is not open; use it as 'async with'")
-        return self._conduit
+        return self._session
 
     def _require_commands(self) -> Commands:
         if self._commands is None:

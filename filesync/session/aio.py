@@ -15,7 +15,9 @@ Guarantees:
 - an ``AsyncSession`` belongs to the event loop of its first call (its connection does);
   code without one loop for the session's life uses ``Session``;
 - passes run in mapping order and the first failure is raised (the passes before it are
-  done and recorded); ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
+  done and recorded); with ``keep_going=True`` a pass's ``FilesyncError`` is kept in
+  ``report.failed`` and the next passes run (a lost connection is still raised);
+  ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
   by it leaves nothing half-applied (the engine journals every change).
 """
 
@@ -33,7 +35,13 @@ from types import TracebackType
 
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import drop_session, session_for
-from filesync.errors import ConnectionLost, SessionClosed, SessionTimeout, UsageError
+from filesync.errors import (
+    ConnectionLost,
+    FilesyncError,
+    SessionClosed,
+    SessionTimeout,
+    UsageError,
+)
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
 from filesync.session.selfsync import refuse_self_sync
@@ -54,10 +62,12 @@ class SessionReport(Report):
 
     Counters are sums; lists are joined in mapping order, their paths relative to each
     pass's root (the mapping's directory, or a single file's parent). ``passes`` pairs
-    each mapping that ran with its ``Report`` (``pull`` leaves upload-only ones out).
+    each mapping that ran with its ``Report`` (``pull`` leaves upload-only ones out);
+    ``failed`` each mapping whose pass failed with its error (only with ``keep_going``).
     """
 
     passes: list[tuple[Mapping, Report]] = field(default_factory=list)
+    failed: list[tuple[Mapping, FilesyncError]] = field(default_factory=list)
 
     def add(self, mapping: Mapping, report: Report) -> None:
         self.passes.append((mapping, report))
@@ -158,17 +168,17 @@ class AsyncSession:
 
     # -- the calls ----------------------------------------------------------------
 
-    async def push(self, mappings: Mappings) -> SessionReport:
+    async def push(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """Push every mapping (two-way and upload-only): the remote gets the local state."""
-        return await self._call(Call.PUSH, mappings)
+        return await self._call(Call.PUSH, mappings, keep_going)
 
-    async def pull(self, mappings: Mappings) -> SessionReport:
+    async def pull(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """Pull the two-way mappings; upload-only ones are never written back."""
-        return await self._call(Call.PULL, mappings)
+        return await self._call(Call.PULL, mappings, keep_going)
 
-    async def sync(self, mappings: Mappings) -> SessionReport:
+    async def sync(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """Sync two-way mappings both ways (conflicts keep both versions); push the rest."""
-        return await self._call(Call.SYNC, mappings)
+        return await self._call(Call.SYNC, mappings, keep_going)
 
     async def status(self, mappings: Mappings) -> SessionReport:
         """The plan ``sync`` would carry out (``report.plan``), changing nothing."""
@@ -200,7 +210,8 @@ class AsyncSession:
             self._lock = asyncio.Lock()
         return self._lock
 
-    async def _call(self, call: Call, mappings: Mappings) -> SessionReport:
+    async def _call(self, call: Call, mappings: Mappings,
+                    keep_going: bool = False) -> SessionReport:
         items = as_list(mappings)
         if self._closed:
             raise closed_error()
@@ -208,28 +219,31 @@ class AsyncSession:
             if self._closed:
                 raise closed_error()
             if self.timeout is None:
-                return await self._run(call, items)
+                return await self._run(call, items, keep_going)
             try:
-                return await asyncio.wait_for(self._run(call, items), self.timeout)
+                return await asyncio.wait_for(self._run(call, items, keep_going),
+                                              self.timeout)
             except TimeoutError:
                 raise SessionTimeout(
                     f"the {call.value} took longer than timeout={self.timeout} s; call "
                     "again to continue (nothing was half-applied) or raise the timeout"
                 ) from None
 
-    async def _run(self, call: Call, items: list[Mapping]) -> SessionReport:
+    async def _run(self, call: Call, items: list[Mapping],
+                   keep_going: bool) -> SessionReport:
         reused = self._conduit is not None and self._conduit.alive
         try:
-            return await self._passes(call, items)
+            return await self._passes(call, items, keep_going)
         except ConnectionLost:
             await self._forget_connection()
             if not reused or isinstance(self._source, Conduit):
                 raise
             # A kept connection died while idle (a server restart, an evicted NAT entry):
             # the call runs again on a new one; passes done already are recorded no-ops.
-            return await self._passes(call, items)
+            return await self._passes(call, items, keep_going)
 
-    async def _passes(self, call: Call, items: list[Mapping]) -> SessionReport:
+    async def _passes(self, call: Call, items: list[Mapping],
+                      keep_going: bool) -> SessionReport:
         conduit = await self._connection()
         endpoint = await session_for(conduit, self._log, watch=self._watch)
         specs = await plan_passes(call, items, endpoint, self._base, self._rules,
@@ -239,7 +253,12 @@ class AsyncSession:
                 await self._check(conduit, spec)
         report = SessionReport()
         for spec in specs:
-            report.add(spec.mapping, await self._pass(conduit, spec, call))
+            try:
+                report.add(spec.mapping, await self._pass(conduit, spec, call))
+            except FilesyncError as exc:
+                if not keep_going or isinstance(exc, ConnectionLost):
+                    raise
+                report.failed.append((spec.mapping, exc))
         return report
 
     async def _check(self, conduit: Conduit, spec: PassSpec) -> None:

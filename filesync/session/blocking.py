@@ -87,17 +87,17 @@ class Session:
         """How many connections the session opened (one, unless one was lost)."""
         return self._impl.connections_opened
 
-    def push(self, mappings: Mappings) -> SessionReport:
+    def push(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """``AsyncSession.push``, blocking."""
-        return self._submit(lambda: self._impl.push(mappings))
+        return self._submit(lambda: self._impl.push(mappings, keep_going=keep_going))
 
-    def pull(self, mappings: Mappings) -> SessionReport:
+    def pull(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """``AsyncSession.pull``, blocking."""
-        return self._submit(lambda: self._impl.pull(mappings))
+        return self._submit(lambda: self._impl.pull(mappings, keep_going=keep_going))
 
-    def sync(self, mappings: Mappings) -> SessionReport:
+    def sync(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
         """``AsyncSession.sync``, blocking."""
-        return self._submit(lambda: self._impl.sync(mappings))
+        return self._submit(lambda: self._impl.sync(mappings, keep_going=keep_going))
 
     def status(self, mappings: Mappings) -> SessionReport:
         """``AsyncSession.status``, blocking."""
