@@ -25,6 +25,7 @@ from filesync.errors import (
     ConnectionLost,
     FilesyncError,
     LockBusy,
+    RemoteSilent,
     SafetyRefusal,
     TransportError,
     UsageError,
@@ -62,9 +63,10 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "Conduit", "ConnectionLost", "Direction",
-    "ExcludeRule", "FilesyncError", "LockBusy", "Mapping", "Options", "RemoteProcess", "Report",
-    "SafetyRefusal", "SshTarget", "TransportError", "UsageError", "__version__",
-    "connect_ssh", "default_state_dir", "drop_session", "profile_snippet", "run_pass",
+    "ExcludeRule", "FilesyncError", "LockBusy", "Mapping", "Options", "RemoteProcess",
+    "RemoteSilent", "Report", "SafetyRefusal", "SshTarget", "TransportError", "UsageError",
+    "__version__", "connect_ssh", "default_state_dir", "drop_session", "profile_snippet",
+    "run_pass",
 ]  # fmt: skip
 
 
