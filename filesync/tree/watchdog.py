@@ -9,14 +9,17 @@
   slow fsync or a slow disk never looks like a hung helper to the client. Between
   requests nothing is sent: the client owes the next request, and a session kept open for
   hours must not fill its pipe.
-- when the client is gone, the helper exits at once (``os._exit``: a main thread stuck in
-  a long operation cannot be interrupted any other way). Gone means: stdout's reader
-  closed it (a pipe's writer sees POLLERR, a socket POLLHUP), which is what sshd does
-  when the connection dies or the client is killed; or stdin hung up while a request is
+- when the client is gone, the helper exits: the request loop gets ``GRACE`` seconds to
+  see the end of input or the broken pipe itself and unwind (removing an upload's temp
+  file), then ``os._exit`` ends it (a main thread stuck in a long operation cannot be
+  interrupted any other way). Gone means: stdout's reader closed it (a pipe's writer
+  sees POLLERR, a socket POLLHUP), which is what sshd does when the connection dies or
+  the client is killed; or stdin hung up while a request is
   being worked on (the client never closes its side mid-request; between requests the
   loop reads the end of input itself and returns). Nothing the helper started outlives
-  it: it starts no process, and its descriptors (inotify watches) close with it; a
-  half-written upload is left under a temp name, which a later walk removes once stale.
+  it: it starts no process, and its descriptors (inotify watches) close with it; an
+  upload cut off by ``os._exit`` is left under a temp name, which a later walk removes
+  once stale, never in place.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from filesync.tree.wire import KEEPALIVE, Channel
 
 #: The exit status of a helper whose client went away (nobody reads it; for tests and logs).
 ORPHANED = 75
+#: How long the request loop gets to end on its own once the client is gone (seconds).
+GRACE = 1.0
 _GONE = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
@@ -76,6 +81,9 @@ class Watchdog:
                     os.read(self._wake_r, 512)
                 elif events & _GONE:
                     if fd == self._out or self.busy:
+                        # A main thread that is not stuck unwinds by itself (an upload's
+                        # temp file removed) and ends the process before the grace ends.
+                        time.sleep(GRACE)
                         os._exit(ORPHANED)
                     # stdin ended between requests: the loop reads that end itself and
                     # returns; poll would report it at once again, so pace the loop.
