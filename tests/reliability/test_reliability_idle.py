@@ -77,9 +77,14 @@ def new_helper(box: Any, baseline: set[int]) -> int:
     watchdog thread runs from then on)."""
     found: list[int] = []
 
+    def threads(pid: int) -> int:
+        try:
+            return len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:  # ended meanwhile
+            return 0
+
     def serving() -> bool:
-        found[:] = [pid for pid in sorted(pythons(box) - baseline)
-                    if len(os.listdir(f"/proc/{pid}/task")) >= 2]
+        found[:] = [pid for pid in sorted(pythons(box) - baseline) if threads(pid) >= 2]
         return bool(found)
 
     wait_until(serving, "the remote helper serves")
