@@ -32,6 +32,7 @@ from filesync.errors import (
     FilesyncError,
     LockBusy,
     PatternError,
+    RemoteSilent,
     SafetyRefusal,
     SelfSync,
     SessionClosed,
@@ -78,8 +79,8 @@ _LAZY: dict[str, tuple[str, str]] = {
 __all__ = [
     "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "AsyncSession", "BadMapping", "Conduit",
     "ConnectionLost", "Direction", "ExcludeRule", "FilesyncError", "LockBusy", "Mapping",
-    "Options", "PatternError", "RemoteProcess", "Report", "SafetyRefusal", "SelfSync",
-    "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
+    "Options", "PatternError", "RemoteProcess", "RemoteSilent", "Report", "SafetyRefusal",
+    "SelfSync", "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
     "TransferFailed", "TransportError", "UsageError", "__version__", "connect_ssh",
     "default_state_dir", "drop_session", "nested_excludes", "profile_snippet", "run_pass",
 ]  # fmt: skip

@@ -36,6 +36,11 @@ class ConnectionLost(TransportError):
     """The connection dropped mid-run; the next run recovers from the persisted state."""
 
 
+class RemoteSilent(TransportError):
+    """A remote that owed bytes sent nothing for the idle deadline (``--idle-timeout``);
+    its process was killed and the pass stopped."""
+
+
 class LockBusy(FilesyncError):
     """Another run holds the lock of the same (local, remote) pair."""
 

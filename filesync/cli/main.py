@@ -70,6 +70,17 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _positive_seconds(text: str) -> float:
+    """A deadline that cannot be switched off: seconds > 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return seconds
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, like every other failure
         command = " ".join(self.prog.split()[1:])
@@ -113,6 +124,9 @@ def _common(
                    help="wait this long for another run on the same pair (0: fail at once)")
     p.add_argument("--timeout", type=_seconds, default=0.0, metavar="SECONDS",
                    help="overall deadline of a run (0: none); a late run stops cleanly")
+    p.add_argument("--idle-timeout", type=_positive_seconds, default=60.0, metavar="SECONDS",
+                   help="stop when the remote owes data and sends nothing this long"
+                   " (default 60, > 0)")
     p.add_argument("--max-file-size", type=_size, default="1G", metavar="SIZE",
                    help="a pull skips (and reports) bigger files (default 1G)")
     p.add_argument("--max-pull-bytes", type=_size, default="2G", metavar="SIZE",
@@ -263,6 +277,7 @@ def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
         force=args.force,
         lock_timeout=args.lock_timeout,
         timeout=args.timeout,
+        idle_timeout=args.idle_timeout,
         max_file_size=args.max_file_size,
         max_pull_bytes=args.max_pull_bytes,
         watch=watch,

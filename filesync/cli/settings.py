@@ -21,6 +21,7 @@ from pathlib import Path
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
+from filesync.endpoint.idle import IDLE_TIMEOUT, check_idle_timeout
 from filesync.errors import UsageError
 from filesync.host.state import default_state_dir
 from filesync.sync.engine import Options
@@ -34,6 +35,7 @@ DEFAULT_MAX_PULL_BYTES = 2 << 30
 @dataclass(frozen=True)
 class PassSettings:
     """How passes run. ``timeout`` and ``lock_timeout`` are seconds, 0 for none / no wait;
+    ``idle_timeout`` is seconds above 0 (no "none": see ``filesync.endpoint.idle``);
     sizes are bytes, above 0. ``state_dir`` None is ``$FILESYNC_STATE_DIR`` or the XDG
     default, looked up when a pass starts."""
 
@@ -44,6 +46,7 @@ class PassSettings:
     force: bool = False
     lock_timeout: float = 0.0
     timeout: float = 0.0
+    idle_timeout: float = IDLE_TIMEOUT
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
     max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES
     #: Keep trees watched between passes (``Options.watch``): the agent sets it.
@@ -58,6 +61,7 @@ class PassSettings:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+        check_idle_timeout(self.idle_timeout)
         for name in ("max_file_size", "max_pull_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -90,6 +94,7 @@ class PassSettings:
             warn=_warn,
             progress=progress,
             watch=self.watch,
+            idle_timeout=self.idle_timeout,
         )
 
 

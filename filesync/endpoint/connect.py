@@ -9,6 +9,7 @@ from collections.abc import Callable
 from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.helper import HelperEndpoint, NoPython
+from filesync.endpoint.idle import IDLE_TIMEOUT, IdleConduit
 from filesync.endpoint.posix import PosixEndpoint
 from filesync.transport.base import Conduit
 
@@ -20,12 +21,17 @@ async def session_for(
     log: Callable[[str], None] | None = None,
     list_first: tuple[str, ExcludeRule] | None = None,
     watch: bool = False,
+    idle: float = IDLE_TIMEOUT,
 ) -> Endpoint:
     """The conduit's endpoint, started on first use (``list_first``, ``watch``: see
-    ``HelperEndpoint.start``; the POSIX fallback needs neither)."""
+    ``HelperEndpoint.start``; the POSIX fallback needs neither; ``idle``: the idle
+    deadline, ``filesync.endpoint.idle``)."""
     session = _SESSIONS.get(conduit)
     if session is None:
-        session = _SESSIONS[conduit] = await open_session(conduit, log, list_first, watch)
+        session = _SESSIONS[conduit] = await open_session(
+            IdleConduit(conduit, idle), log, list_first, watch)
+    elif isinstance(wrapped := getattr(session, "conduit", None), IdleConduit):
+        wrapped.idle = idle
     session.watch = watch
     return session
 

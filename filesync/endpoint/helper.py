@@ -8,6 +8,7 @@ sending and deleting are requests on that one stream, with no per-file round tri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 import zlib
@@ -96,6 +97,7 @@ class HelperEndpoint:
             if watch:
                 req["watch"] = True
             first_request = _frame_bytes(b"J", _json(req))
+        first_request = _keepalive_request(conduit) + first_request
         write_error: ConnectionLost | None = None
         try:
             await proc.write(payload() + first_request)
@@ -176,6 +178,8 @@ class HelperEndpoint:
 
     async def _frame(self) -> tuple[bytes, bytes]:
         kind, length = HEADER.unpack(await self.proc.readexactly(HEADER.size))
+        while kind == b"K" and not length:  # a keepalive: the helper is at work
+            kind, length = HEADER.unpack(await self.proc.readexactly(HEADER.size))
         if kind not in b"JZHDE" or length > MAX_FRAME:
             raise self._garbage(f"frame {kind!r} of {length} bytes")
         return kind, await self.proc.readexactly(length)
@@ -441,11 +445,22 @@ class HelperEndpoint:
         """
         if self.broken:
             self.proc.kill()
+            await self._end_silent()
             return
         try:
             await asyncio.wait_for(self._goodbye(), CLOSE_TIMEOUT)
         except Exception:
             self.proc.kill()
+
+    async def _end_silent(self) -> None:
+        """Kill a helper that went silent by its pid (from the hello), with a command of
+        its own: a signal on the hung channel may never reach it (a transport that does
+        not forward signals, a server that refuses them), and a hung process does not
+        notice its pipes closing."""
+        pid = self.hello.get("pid")
+        if getattr(self.proc, "silent", False) and type(pid) is int and pid > 1:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.conduit.run(f"kill -KILL {pid}"), CLOSE_TIMEOUT)
 
     async def _goodbye(self) -> None:
         await self._request({"op": "bye"})
@@ -477,6 +492,15 @@ def _list_request(root: str, wire: dict[str, Any], since: int | None) -> dict[st
     if since is not None:
         req["since"] = since
     return req
+
+
+def _keepalive_request(conduit: Conduit) -> bytes:
+    """The request that sets the helper's keepalive pace well inside ``conduit``'s idle
+    deadline (``filesync.endpoint.idle``); none for a conduit without one."""
+    idle = getattr(conduit, "idle", None)
+    if not isinstance(idle, float):
+        return b""
+    return _frame_bytes(b"J", _json({"op": "keepalive", "every": idle / 4}))
 
 
 def _json(obj: dict[str, Any]) -> bytes:

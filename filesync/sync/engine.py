@@ -108,7 +108,8 @@ async def run_pass(
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The first listing rides behind the helper's source: no round trip is waited for.
-    session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch)
+    session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch,
+                                opts.idle_timeout)
     ok = False
     report = Report()
     try:

@@ -21,6 +21,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Listing, Skipped
 from filesync.core.reconcile import Action, Direction, Version
 from filesync.endpoint.contract import Endpoint
+from filesync.endpoint.idle import IDLE_TIMEOUT
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
 from filesync.host.state import Ancestor, PairState, default_state_dir
@@ -56,6 +57,9 @@ class Options:
     #: saved something, at most ``keep_bytes``; open conflicts are never dropped.
     keep_runs: int = KEEP_RUNS
     keep_bytes: int = KEEP_BYTES
+    #: Seconds a remote that owes bytes may send nothing before the pass stops with
+    #: ``RemoteSilent`` (``filesync.endpoint.idle``); > 0.
+    idle_timeout: float = IDLE_TIMEOUT
 
 
 @dataclass(frozen=True)

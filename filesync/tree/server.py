@@ -20,6 +20,7 @@ from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree
+from filesync.tree.watchdog import Watchdog, stall_point
 from filesync.tree.wire import (
     CHUNK,
     END_OK,
@@ -78,6 +79,7 @@ class Server:
         root = self.resolve(req["root"])
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
+        stall_point("list")
         key = json.dumps([root, req["names"], req["patterns"]])
         remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
@@ -147,6 +149,7 @@ class Server:
         self.chan.send_json({"done": True})
 
     def _send_one(self, dirs: Dirs, rel: str) -> None:
+        stall_point("fetch")
         try:
             parts = split_rel(rel)
             pfd = dirs.parent(parts, False)
@@ -248,10 +251,12 @@ class Server:
 
 
 
-def serve(inp: IO[bytes], out: IO[bytes]) -> None:
-    """Answer requests until ``bye`` or end of input."""
+def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
+    """Answer requests until ``bye`` or end of input; ``watchdog``: run a ``Watchdog``
+    (keepalives, exit when the client is gone) on the streams' descriptors."""
     chan = Channel(inp, out)
     server = Server(chan)
+    dog = Watchdog(chan, inp.fileno(), out.fileno()) if watchdog else None
     ops: dict[str, Callable[[dict[str, Any]], None]] = {
         "list": server.op_list,
         "fetch": server.op_fetch,
@@ -259,6 +264,8 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         "delete": server.op_delete,
     }
     chan.send_json(server.hello())
+    if dog is not None:  # after the hello: a client that saw the thread saw the hello
+        dog.start()
     while True:
         try:
             frame = chan.read_json()
@@ -272,10 +279,17 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         if op == "bye":
             chan.send_json({"bye": True})
             return
+        if op == "keepalive":  # {"every": seconds}: the client's pace; no reply
+            every = req.get("every")
+            if dog is not None and isinstance(every, int | float) and every > 0:
+                dog.pace(float(every))
+            continue
         handler = ops.get(op) if isinstance(op, str) else None
         if handler is None:
             chan.send_json({"error": f"unknown op {str(op)[:100]!r}"})
             continue
+        if dog is not None:
+            dog.begin()
         try:
             handler(req)
         except OSError as exc:
@@ -285,12 +299,15 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         except Exception as exc:  # a malformed request: answer once, then stop
             chan.send_json({"error": f"bad request: {type(exc).__name__}"})
             return
+        finally:
+            if dog is not None:
+                dog.end()
 
 
 def main() -> None:
     """The remote helper's entry point: serve stdin/stdout until ``bye`` or end of input."""
     with contextlib.suppress(EOFError, BrokenPipeError, KeyboardInterrupt):
-        serve(sys.stdin.buffer, sys.stdout.buffer)
+        serve(sys.stdin.buffer, sys.stdout.buffer, watchdog=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Frames: one kind byte, a 4-byte big-endian length, the payload.
 ``J`` JSON object, ``Z`` zlib-compressed JSON object, ``H`` per-file header (JSON),
-``D`` raw data chunk, ``E`` end of one file (JSON).
+``D`` raw data chunk, ``E`` end of one file (JSON), ``K`` keepalive (empty payload: the
+helper is still at work; see ``Channel.keepalive``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import enum
 import errno
 import json
 import struct
+import threading
+import time
 import zlib
 from typing import IO, Any
 
@@ -24,6 +27,9 @@ FLUSH_AT = 1 << 18
 DIRECT = 1 << 16
 #: The ``E`` frame a client sends for a file it read whole (decoded without json).
 END_OK = (b'{"ok": true}', b'{"ok":true}')
+#: A keepalive goes out once nothing was written for this long (seconds), unless the client
+#: asks for a shorter period (``{"op": "keepalive"}``): well inside its idle deadline.
+KEEPALIVE = 5.0
 
 
 def is_count(value: object) -> bool:
@@ -134,12 +140,28 @@ class Channel:
     Frames written are gathered in a buffer and go out in writes of about ``FLUSH_AT``
     bytes (big data chunks straight through); ``flush`` (done by every reply) sends
     what is pending. Nothing is left pending while the helper waits for input.
+
+    Writes hold ``lock`` from a frame's first byte to its last, so ``keepalive`` (called
+    from another thread) lands between frames, never inside one.
     """
 
     def __init__(self, inp: IO[bytes], out: IO[bytes]) -> None:
         self.inp = inp
         self.out = out
         self._pending = bytearray()
+        self.lock = threading.Lock()
+        #: when bytes last went out (``time.monotonic``)
+        self.wrote_at = time.monotonic()
+
+    def keepalive(self, quiet_for: float) -> bool:
+        """Send a ``K`` frame (and whatever is pending) if nothing went out for
+        ``quiet_for`` seconds; True if it did."""
+        with self.lock:
+            if time.monotonic() - self.wrote_at < quiet_for:
+                return False
+            self._pending += HEADER.pack(b"K", 0)
+            self._flush()
+            return True
 
     def read_frame(self) -> tuple[bytes, bytes] | None:
         head = self.inp.read(HEADER.size)
@@ -174,6 +196,10 @@ class Channel:
 
     def write(self, kind: bytes, payload: bytes, flush: bool = False) -> None:
         """Queue one frame; ``flush`` sends it (and everything before it) at once."""
+        with self.lock:
+            self._write(kind, payload, flush)
+
+    def _write(self, kind: bytes, payload: bytes, flush: bool) -> None:
         pending = self._pending
         pending += HEADER.pack(kind, len(payload))
         if len(payload) >= DIRECT:
@@ -186,13 +212,19 @@ class Channel:
                 self.out.write(pending)
                 pending.clear()
         if flush:
-            self.flush()
+            self._flush()
+        self.wrote_at = time.monotonic()
 
     def flush(self) -> None:
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if self._pending:
             self.out.write(self._pending)
             self._pending.clear()
         self.out.flush()
+        self.wrote_at = time.monotonic()
 
     def send_json(self, obj: dict[str, Any], kind: bytes = b"J", flush: bool = True) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
