@@ -23,6 +23,7 @@ from filesync.core.reconcile import Action, Direction, Version
 from filesync.endpoint.contract import Endpoint
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
+from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
@@ -51,6 +52,9 @@ class Options:
     #: saved something, at most ``keep_bytes``; open conflicts are never dropped.
     keep_runs: int = KEEP_RUNS
     keep_bytes: int = KEEP_BYTES
+    #: The host walks, digests and upload reads this pass shares with the other passes of
+    #: its command (a fan-out): one ``HostScans`` per command run, None for a lone pass.
+    host_scans: HostScans | None = None
 
 
 @dataclass(frozen=True)
