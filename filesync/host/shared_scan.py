@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.core.exclude import ExcludeRule
@@ -48,6 +49,13 @@ CONTENT_BUDGET = 64 << 20
 CONTENT_MAX_FILE = 8 << 20
 
 
+@dataclass(slots=True)
+class _Held:
+    chunks: tuple[bytes, ...]
+    digest: str
+    left: int  # uploads still to serve
+
+
 class ContentCache:
     """Whole files' bytes and digest by (path, stat), at most ``budget`` bytes in all.
 
@@ -61,7 +69,7 @@ class ContentCache:
         self.budget = budget
         self.max_file = min(max_file, budget)
         self.held = 0
-        self._items: dict[tuple[str, Stat], list[object]] = {}
+        self._items: dict[tuple[str, Stat], _Held] = {}
 
     def wants(self, size: int) -> bool:
         return size <= self.max_file
@@ -71,19 +79,16 @@ class ContentCache:
         item = self._items.get((path, stat))
         if item is None:
             return None
-        chunks, digest, left = item
-        assert isinstance(chunks, tuple) and isinstance(digest, str) and isinstance(left, int)
-        if left <= 1:
+        item.left -= 1
+        if item.left < 1:
             self._drop((path, stat))
-        else:
-            item[2] = left - 1
-        return chunks, digest
+        return item.chunks, item.digest
 
     def put(self, path: str, stat: Stat, chunks: tuple[bytes, ...], digest: str,
             uses: int) -> None:
         if uses < 1 or not self.wants(stat[0]) or (path, stat) in self._items:
             return
-        self._items[path, stat] = [chunks, digest, uses]
+        self._items[path, stat] = _Held(chunks, digest, uses)
         self.held += stat[0]
         while self.held > self.budget:
             self._drop(next(iter(self._items)))

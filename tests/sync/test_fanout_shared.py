@@ -23,7 +23,10 @@ import filesync.sync.plan as plan_mod
 from filesync.cli.main import main
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry
+from filesync.core.reconcile import Direction
 from filesync.host.shared_scan import ContentCache, HostScans, SharedReader
+from filesync.sync.engine import Options, run_pass
+from filesync.transport.local import local_conduit
 
 FILES = 40
 
@@ -227,3 +230,49 @@ def test_content_cache_keeps_within_its_byte_budget(tmp_path: Path) -> None:
     cache.put("big", (700, 0, 0), (b"x" * 700,), "d", uses=2)
     assert cache.take("big", (700, 0, 0)) is None  # over max_file: never stored
     assert cache.take("p4", (400, 4, 4)) is not None and cache.take("p0", (400, 0, 0)) is None
+
+
+def test_a_config_sync_of_one_root_to_two_remotes_converges(tmp_path: Path) -> None:
+    # Concurrent passes on one shared host root, one of them writing the host: nothing is
+    # lost or undone between the remotes, and the next run brings all three together.
+    local, r1, r2 = tmp_path / "local", tmp_path / "r1", tmp_path / "r2"
+    want = host_tree(local)
+    cfg = write(tmp_path / "f.toml", f"""
+remotes = ["file://{r1}", "file://{r2}"]
+[[mapping]]
+local = "{local}"
+remote = "t"
+""")
+    state = str(tmp_path / "s")
+    assert run("sync", "--config", str(cfg), "--json", "--state-dir", state)[0] == 0
+    write(r1 / "t" / "new.txt", "from r1\n")
+    write(r2 / "t" / "d1" / "f1.bin", b"edited on r2")
+    for _ in range(2):
+        assert run("sync", "--config", str(cfg), "--json", "--state-dir", state)[0] == 0
+    want = {**want, "new.txt": b"from r1\n", "d1/f1.bin": b"edited on r2"}
+    assert snapshot(local) == snapshot(r1 / "t") == snapshot(r2 / "t") == want
+
+
+def test_a_pass_after_a_host_write_plans_on_a_fresh_walk(tmp_path: Path) -> None:
+    # Two sync passes of one run on one host root, the first pulling a new file in: the
+    # second must list the host as it is now and push that file on, in the same run.
+    local, r1, r2 = tmp_path / "local", tmp_path / "r1", tmp_path / "r2"
+    write(local / "a.txt", "a\n")
+    scans = HostScans({local: 2})
+
+    async def go() -> None:
+        conduit = local_conduit()
+        try:
+            opts = Options(Direction.SYNC, rule=ExcludeRule.build(root=local),
+                           state_dir=tmp_path / "s", host_scans=scans)
+            for remote in (r1, r2):
+                await run_pass(conduit, local, str(remote), opts)
+            write(r1 / "new.txt", "from r1\n")
+            for remote in (r1, r2):
+                await run_pass(conduit, local, str(remote), opts)
+        finally:
+            await conduit.close()
+
+    asyncio.run(go())
+    want = {"a.txt": b"a\n", "new.txt": b"from r1\n"}
+    assert snapshot(local) == snapshot(r1) == snapshot(r2) == want
