@@ -8,8 +8,9 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from filesync.cli.settings import Request, local_root
 from filesync.core.reconcile import Action, Direction, Kind
 from filesync.endpoint.connect import drop_session
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
+from filesync.host.shared_scan import HostScans
 from filesync.mapping import UPLOAD_ONLY
 from filesync.sync.changes import ChangeAction
 from filesync.sync.engine import Options, Report, plan_row, run_pass
@@ -115,6 +117,7 @@ def _config_jobs(req: Request) -> list[Job]:
 async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
     plan_filter = _resolve_filter(req) if req.command == "resolve" else None
     copts, timeout = req.connect, req.settings.timeout
+    jobs = _share_host_scans(jobs)
 
     async def one(job: Job) -> list[PairResult]:
         out: list[Report | FilesyncError] = []
@@ -172,6 +175,17 @@ class PairResult:
         fields = (report if isinstance(report, Report) else Report()).to_json(plan)
         return pair_json(self.label, str(self.local), self.remote, fields,
                          r.message, r.exit_code)
+
+
+def _share_host_scans(jobs: list[Job]) -> list[Job]:
+    """Passes of different jobs run at once: where two read the same local root, every
+    pass of the command shares one ``HostScans`` (one walk, hash and read per file)."""
+    roots = Counter(local for job in jobs for local in {p[1] for p in job.passes})
+    if all(n == 1 for n in roots.values()):
+        return jobs
+    shared = HostScans(roots)
+    return [Job(j.target, [(label, local, path, replace(opts, host_scans=shared))
+                           for label, local, path, opts in j.passes]) for j in jobs]
 
 
 async def _deadline(run: Awaitable[Report], seconds: float) -> Report:

@@ -24,6 +24,7 @@ from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
+from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState, default_state_dir
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
@@ -60,6 +61,9 @@ class Options:
     #: Seconds a remote that owes bytes may send nothing before the pass stops with
     #: ``RemoteSilent`` (``filesync.endpoint.idle``); > 0.
     idle_timeout: float = IDLE_TIMEOUT
+    #: The host walks, digests and upload reads this pass shares with the other passes of
+    #: its command (a fan-out): one ``HostScans`` per command run, None for a lone pass.
+    host_scans: HostScans | None = None
 
 
 @dataclass(frozen=True)

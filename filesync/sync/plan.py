@@ -71,24 +71,31 @@ def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
 async def scan(inputs: PassInputs) -> Scans:
     """Finish any interrupted apply, then list both sides and hash what will be compared."""
     state, opts = inputs.state, inputs.opts
+    shared = opts.host_scans
+    if shared is not None and state.journal_path.exists():
+        shared.changed(inputs.local_root)  # recover is about to change the host tree
     recover(state, inputs.local_root)
     # The host walk (stat only) runs in a thread while the state is read and the
     # remote lists; the stat cache is applied to it afterwards.
     started_ns = time.time_ns()
     # Submitted at once (a task would start the thread only at the first await).
     walking = asyncio.get_running_loop().run_in_executor(
-        None, list_local, inputs.local_root, opts.rule, opts.watch)
+        None, list_local, inputs.local_root, opts.rule, opts.watch) if shared is None \
+        else shared.listing(inputs.local_root, opts.rule, opts.watch, started_ns)
     try:
         anc = state.ancestors()
         old_cache = state.local_cache()
         remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)
     finally:
         listed = await walking
+    if isinstance(listed, tuple):  # shared: judged against the shared walk's start
+        listed, started_ns = listed
     local = scan_cached(listed, old_cache, started_ns)
     filter_unsafe(remote)
     rfiles = remote.files()
     # Only files that will be compared with something are read now.
-    hash_needed(local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
+    (hash_needed if shared is None else shared.hash_needed)(
+        local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
     return Scans(anc, local, remote, old_cache, remote.excluded + local.listing.excluded,
                  (*local.listing.skipped, *remote.skipped))
 

@@ -164,12 +164,14 @@ async def _upload(
     advance = bar.advance if bar else None
     # Plain strings: a pathlib join per file costs more than reading a small file.
     base = str(inputs.local_root).rstrip("/") + "/"
+    shared = inputs.opts.host_scans
 
     def items() -> Iterator[SendItem]:
         # Made while the stream runs: the remote starts on the first file at once.
         for rel in uploads:
             entry = entries[rel]
-            reader = readers[rel] = HashingReader(base + rel, advance, entry.size)
+            reader = readers[rel] = HashingReader(base + rel, advance, entry.size) \
+                if shared is None else shared.reader(inputs.local_root, base + rel, advance, entry)
             target = rfiles.get(rel)
             expect = (target.size, target.mtime_ns) if target else None
             yield SendItem(rel, entry.mode & 0o777, entry.mtime_ns, expect, reader)
@@ -272,6 +274,8 @@ def _apply_host(
     if not journal.ops:
         return
     state = inputs.state
+    if inputs.opts.host_scans is not None:
+        inputs.opts.host_scans.changed(inputs.local_root)
     journal.save(state.journal_path)
     tree = HostTree(inputs.local_root, Path(journal.undo_dir))
     try:
