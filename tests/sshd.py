@@ -40,6 +40,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -693,6 +694,19 @@ exec {SSHD} -D -f {inside}/{self.sshd_config.name} -E {inside}/{self.sshd_log.na
             f"else echo 'no such path' >&2; exit 2; fi && "
             f"mount --bind {q_cover} {q_path}"
         )
+
+    def hide_python(self) -> None:
+        """Make every python3 on the remote PATH vanish (``command -v`` fails in any shell),
+        so that filesync uses its POSIX fallback there; :meth:`unhide` restores."""
+        for directory in ("/usr/local/bin", "/usr/bin"):
+            if not os.path.isdir(directory):
+                continue
+            for name in sorted(os.listdir(directory)):
+                if re.fullmatch(r"python3(\.\d+)?", name):
+                    self.whiteout(f"{directory}/{name}")
+        probe = self.run_inside("command -v python3 || echo none")
+        if probe.stdout.strip() != "none":
+            raise RuntimeError(f"python3 still found on the remote: {probe.stdout.strip()}")
 
     def whiteout(self, path: str) -> None:
         """Make ``path`` vanish from its directory inside the container (as if deleted).

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from contract_remote import CONTRACT_BOX, ROOT_REL, Remote, hide_python, start_endpoint
+from contract_remote import CONTRACT_BOX, ROOT_REL, Remote, start_endpoint
 from sshd import SshdContainer
 
 from filesync.transport.ssh.conduit import SshTarget, connect
@@ -28,7 +28,7 @@ async def remote(
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     box = sshd_factory(CONTRACT_BOX[kind])
     if kind == "posix":
-        hide_python(box)
+        box.hide_python()
     conduit = await connect(SshTarget(box.alias), ssh_config=box.ssh_config)
     try:
         endpoint = await start_endpoint(kind, conduit)

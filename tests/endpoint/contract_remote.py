@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,18 +49,6 @@ async def start_endpoint(kind: str, conduit: SshConduit) -> Endpoint:
     if kind == "helper":
         return await HelperEndpoint.start(conduit)
     return await PosixEndpoint.start(conduit)
-
-
-def hide_python(box: SshdContainer) -> None:
-    """Make every python3 on the remote PATH vanish (``command -v`` fails in any shell)."""
-    for directory in ("/usr/local/bin", "/usr/bin"):
-        if not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            if re.fullmatch(r"python3(\.\d+)?", name):
-                box.whiteout(f"{directory}/{name}")
-    probe = box.run_inside("command -v python3 || echo none")
-    assert probe.stdout.strip() == "none", probe.stdout
 
 
 def container_processes(box: SshdContainer) -> dict[int, str]:

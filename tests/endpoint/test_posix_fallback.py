@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import io
 import os
-import re
 import subprocess
 import tarfile
 import threading
@@ -501,22 +500,10 @@ def user_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
 
 
-def hide_python(box: SshdContainer) -> None:
-    """Make every python3 on the remote PATH vanish (``command -v`` fails in any shell)."""
-    for directory in ("/usr/local/bin", "/usr/bin"):
-        if not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            if re.fullmatch(r"python3(\.\d+)?", name):
-                box.whiteout(f"{directory}/{name}")
-    probe = box.run_inside("command -v python3 || echo none")
-    assert probe.stdout.strip() == "none", probe.stdout
-
-
 @pytest.fixture
 def box(sshd_factory: Factory, user_home: None) -> SshdContainer:
     container = sshd_factory(BOX)
-    hide_python(container)
+    container.hide_python()
     return container
 
 

@@ -76,17 +76,6 @@ class Swapper(threading.Thread):
                 return
 
 
-def hide_python(box: SshdContainer) -> None:
-    """Make every python3 on the remote PATH vanish, so that the fallback is used."""
-    for directory in ("/usr/local/bin", "/usr/bin"):
-        if not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            if re.fullmatch(r"python3(\.\d+)?", name):
-                box.whiteout(f"{directory}/{name}")
-    assert box.run_inside("command -v python3 || echo none").stdout.strip() == "none"
-
-
 def temp_files(top: Path) -> list[str]:
     """Every filesync temp name under ``top``, without following symlinks."""
     found = []
@@ -102,7 +91,7 @@ def box(sshd_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     container: SshdContainer = sshd_factory(BOX)
-    hide_python(container)
+    container.hide_python()
     return container
 
 
