@@ -12,13 +12,15 @@ those are found by C-level passes over the listings (``_unchanged_remote``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from itertools import filterfalse
 from pathlib import Path
 
-from filesync.core.model import Entry, Skipped
+from filesync.core.exclude import ExcludeRule
+from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.reconcile import Direction, Kind, Version, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.journal import recover
@@ -68,16 +70,42 @@ def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
         )
 
 
-async def scan(inputs: PassInputs) -> Scans:
-    """Finish any interrupted apply, then list both sides and hash what will be compared."""
+@dataclass
+class Walk:
+    """A host walk under way in a thread (``start_walk``), taken by ``scan``."""
+
+    started_ns: int
+    listing: asyncio.Future[Listing]
+
+
+def start_walk(local_root: Path, rule: ExcludeRule, watch: bool) -> Walk:
+    """Start the host walk (stat only) in a thread now: ``run_pass`` starts it before the
+    remote helper, so that it overlaps the helper's start and its listing."""
+    started_ns = time.time_ns()
+    # Submitted at once (a task would start the thread only at the first await).
+    listing = asyncio.get_running_loop().run_in_executor(
+        None, list_local, local_root, rule, watch)
+    # A pass that fails before ``scan`` leaves it unread: that is no error of its own.
+    listing.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return Walk(started_ns, listing)
+
+
+async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
+    """Finish any interrupted apply, then list both sides and hash what will be compared.
+
+    ``walk``: the host walk ``start_walk`` began; it is used unless a recovery changed the
+    host tree under it (then the host is walked again, after the recovery)."""
     state, opts = inputs.state, inputs.opts
+    if walk is not None and state.journal_path.exists():
+        with contextlib.suppress(Exception):
+            await walk.listing  # walked before the recovery: stale
+        walk = None
     recover(state, inputs.local_root)
     # The host walk (stat only) runs in a thread while the state is read and the
     # remote lists; the stat cache is applied to it afterwards.
-    started_ns = time.time_ns()
-    # Submitted at once (a task would start the thread only at the first await).
-    walking = asyncio.get_running_loop().run_in_executor(
-        None, list_local, inputs.local_root, opts.rule, opts.watch)
+    if walk is None:
+        walk = start_walk(inputs.local_root, opts.rule, opts.watch)
+    started_ns, walking = walk.started_ns, walk.listing
     try:
         anc = state.ancestors()
         old_cache = state.local_cache()
@@ -263,5 +291,5 @@ def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) 
     return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
 
 
-__all__ = ["RemoteVersions", "fetch", "plan", "remote_versions", "require_local_source",
-           "require_remote_source", "scan"]
+__all__ = ["RemoteVersions", "Walk", "fetch", "plan", "remote_versions",
+           "require_local_source", "require_remote_source", "scan", "start_walk"]
