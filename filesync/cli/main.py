@@ -180,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return code
         elif args.command in AGENT_COMMANDS:
             _begin_logins(args)
+            try:
+                return _dispatch(args)
+            finally:
+                from filesync.transport.ssh.openssh_login import end_unused
+
+                end_unused()  # a command that failed before it connected leaves none behind
         return _dispatch(args)
     except BaseException as exc:
         return handle_failure(exc, json_mode)

@@ -581,3 +581,33 @@ def _running_with(mark: bytes) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_a_command_failing_before_it_connects_ends_its_begun_login(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    run = Run(tmp_path, sshd, block("failing", sshd), "failing")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    code = (
+        "import json, sys\n"
+        "from filesync.transport.ssh import openssh_login as login\n"
+        "from filesync.cli.main import main\n"
+        "begun = []\n"
+        "real = login.begin\n"
+        "def begin(*a, **kw):\n"
+        "    begun.append(real(*a, **kw))\n"
+        "    return begun[-1]\n"
+        "login.begin = begin\n"
+        "rc = main(sys.argv[1:])\n"  # LOCAL is a file: a usage error, after the begin
+        "print(json.dumps({'rc': rc, 'dirs': [str(p.workdir) for p in begun],\n"
+        "                  'left': [str(p.workdir) for p in begun if p.workdir.exists()]}))\n"
+    )
+    done = run_cli(run.home, "push", str(not_a_dir), run.spec, "-q", "--state-dir",
+                   str(run.state), "-F", str(run.config), code=code)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["rc"] == 2 and len(result["dirs"]) == 1 and result["left"] == [], result
+    deadline = time.monotonic() + 30
+    while (left := _running_with(result["dirs"][0].encode())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left

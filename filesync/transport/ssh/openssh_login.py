@@ -283,6 +283,7 @@ class Pending:
 
 
 _PENDING: dict[_Key, list[Pending]] = {}
+_AT_EXIT = False
 
 
 def begin(
@@ -313,8 +314,9 @@ def begin(
                 pending.ssh, pending.base, pending.res, accept_new_host_key, connect_timeout)
     except TransportError as exc:
         pending.error = exc
-    if not _PENDING:
-        atexit.register(_abandon_all)
+    global _AT_EXIT
+    if not _AT_EXIT:
+        _AT_EXIT = atexit.register(end_unused) is not None
     _PENDING.setdefault(key, []).append(pending)
     return pending
 
@@ -329,8 +331,9 @@ def _take(key: _Key) -> Pending | None:
     return pending
 
 
-def _abandon_all() -> None:
-    """End the logins ``begin`` started that no ``connect`` took over."""
+def end_unused() -> None:
+    """End the logins ``begin`` started that no ``connect`` took over (the command failed
+    before it connected). Run by ``filesync.cli.main`` after each command, and at exit."""
     for queue in list(_PENDING.values()):
         for pending in queue:
             if pending.proc is not None and pending.workdir is not None:
