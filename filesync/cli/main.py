@@ -192,6 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = run_via_agent(args_list, args.persist, bool(args.verbose))
             if code is not None:
                 return code
+        elif args.command in AGENT_COMMANDS:
+            _begin_logins(args)
+            try:
+                return _dispatch(args)
+            finally:
+                from filesync.transport.ssh.openssh_login import end_unused
+
+                end_unused()  # a command that failed before it connected leaves none behind
         return _dispatch(args)
     except BaseException as exc:
         return handle_failure(exc, json_mode)
@@ -241,6 +249,32 @@ def _fail(exc: FilesyncError, json_mode: bool) -> None:
         from filesync.cli.jsonout import failed_document
 
         print(json.dumps(failed_document(exc.message, exc.exit_code)))
+
+
+def _begin_logins(args: argparse.Namespace) -> None:
+    """Start the system ssh's logins now, before the engine is imported: the handshake then
+    runs while filesync loads and walks the host, instead of after. ``connect`` takes each
+    login over (and reports its failure, in the usual order: a usage error comes first).
+    Only for plain ``LOCAL REMOTE`` commands over OpenSSH; anything else connects later."""
+    if args.config is not None or args.via is not None or args.local is None:
+        return
+    # Light on purpose (no asyncio): nothing slower may run before the spawn.
+    from filesync.transport.ssh import openssh_login as openssh
+    from filesync.transport.target import ConnectOptions, parse_remote
+
+    try:
+        if openssh.choose_client(args.ssh_client) != "openssh":
+            return
+        targets = [parse_remote(text) for text in
+                   ([args.remote] if isinstance(args.remote, str) else args.remote or [])]
+    except FilesyncError:
+        return  # reported by the command itself, in its usual place
+    timeout = ConnectOptions().connect_timeout
+    for target in targets:
+        if target.kind == "ssh":
+            openssh.begin(target.host, target.user, target.port,
+                          ssh_config=_absolute(args.ssh_config), identity=_absolute(args.identity),
+                          accept_new_host_key=args.accept_new_host_key, connect_timeout=timeout)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

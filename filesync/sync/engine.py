@@ -107,6 +107,10 @@ async def run_pass(
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
+    # The host walks while the helper starts (on a fresh conduit: while ssh still logs in).
+    # (A fan-out's passes share one walk instead: ``HostScans``, taken by ``scan``.)
+    walk = (planning.start_walk(local_root, opts.rule, opts.watch)
+            if opts.host_scans is None else None)
     # The first listing rides behind the helper's source: no round trip is waited for.
     session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch,
                                 opts.idle_timeout)
@@ -125,7 +129,7 @@ async def run_pass(
             inputs = PassInputs(opts, session, state, local_root, remote_root, run_id,
                                 time.time_ns(), StagingSink(state.staging / run_id))
             try:
-                await _pass(inputs, report, plan_filter)
+                await _pass(inputs, report, plan_filter, walk)
                 ok = True
             finally:
                 shutil.rmtree(inputs.sink.dir, ignore_errors=True)
@@ -146,9 +150,10 @@ async def run_pass(
 async def _pass(
     inputs: PassInputs, report: Report,
     plan_filter: Callable[[list[Action]], list[Action]] | None,
+    walk: planning.Walk | None,
 ) -> None:
     opts = inputs.opts
-    scans = await planning.scan(inputs)
+    scans = await planning.scan(inputs, walk)
     report.excluded = scans.excluded
     planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),

@@ -12,13 +12,15 @@ those are found by C-level passes over the listings (``_unchanged_remote``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from itertools import filterfalse
 from pathlib import Path
 
-from filesync.core.model import Entry, Skipped
+from filesync.core.exclude import ExcludeRule
+from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.reconcile import Direction, Kind, Version, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.journal import recover
@@ -68,20 +70,52 @@ def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
         )
 
 
-async def scan(inputs: PassInputs) -> Scans:
-    """Finish any interrupted apply, then list both sides and hash what will be compared."""
-    state, opts = inputs.state, inputs.opts
-    shared = opts.host_scans
-    if shared is not None and state.journal_path.exists():
-        shared.changed(inputs.local_root)  # recover is about to change the host tree
-    recover(state, inputs.local_root)
-    # The host walk (stat only) runs in a thread while the state is read and the
-    # remote lists; the stat cache is applied to it afterwards.
+@dataclass
+class Walk:
+    """A host walk under way in a thread (``start_walk``), taken by ``scan``."""
+
+    started_ns: int
+    listing: asyncio.Future[Listing]
+
+
+def start_walk(local_root: Path, rule: ExcludeRule, watch: bool) -> Walk:
+    """Start the host walk (stat only) in a thread now: ``run_pass`` starts it before the
+    remote helper, so that it overlaps the helper's start and its listing."""
     started_ns = time.time_ns()
     # Submitted at once (a task would start the thread only at the first await).
-    walking = asyncio.get_running_loop().run_in_executor(
-        None, list_local, inputs.local_root, opts.rule, opts.watch) if shared is None \
-        else shared.listing(inputs.local_root, opts.rule, opts.watch, started_ns)
+    listing = asyncio.get_running_loop().run_in_executor(
+        None, list_local, local_root, rule, watch)
+    # A pass that fails before ``scan`` leaves it unread: that is no error of its own.
+    listing.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return Walk(started_ns, listing)
+
+
+async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
+    """Finish any interrupted apply, then list both sides and hash what will be compared.
+
+    ``walk``: the host walk ``start_walk`` began; it is used unless a recovery changed the
+    host tree under it (then the host is walked again, after the recovery)."""
+    state, opts = inputs.state, inputs.opts
+    shared = opts.host_scans
+    if state.journal_path.exists():
+        if shared is not None:
+            shared.changed(inputs.local_root)  # recover is about to change the host tree
+        if walk is not None:
+            with contextlib.suppress(Exception):
+                await walk.listing  # walked before the recovery: stale
+            walk = None
+    recover(state, inputs.local_root)
+    # The host walk (stat only) runs in a thread while the state is read and the
+    # remote lists; the stat cache is applied to it afterwards. A fan-out's passes share
+    # one walk of the root (``HostScans``) instead.
+    walking: Awaitable[Listing | tuple[Listing, int]]
+    if shared is not None:
+        started_ns = time.time_ns()
+        walking = shared.listing(inputs.local_root, opts.rule, opts.watch, started_ns)
+    else:
+        if walk is None:
+            walk = start_walk(inputs.local_root, opts.rule, opts.watch)
+        started_ns, walking = walk.started_ns, walk.listing
     try:
         anc = state.ancestors()
         old_cache = state.local_cache()
@@ -270,5 +304,5 @@ def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) 
     return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
 
 
-__all__ = ["RemoteVersions", "fetch", "plan", "remote_versions", "require_local_source",
-           "require_remote_source", "scan"]
+__all__ = ["RemoteVersions", "Walk", "fetch", "plan", "remote_versions",
+           "require_local_source", "require_remote_source", "scan", "start_walk"]

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -480,3 +481,133 @@ def test_client_choice_errors_are_one_line(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert missing.stderr == ("filesync: error: no ssh binary on PATH; install the OpenSSH "
                               "client (openssh-client) or use --ssh-client asyncssh\n")
+
+
+# --------------------------------------------------------------------------- the cold start
+
+
+def test_the_login_starts_before_the_engine_is_imported_and_needs_no_mux_requests(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    # Every ssh the run spawns is logged by a wrapper first on PATH.
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.parent.mkdir()
+    real = shutil.which("ssh")
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    run = Run(tmp_path, sshd, block("early", sshd), "early")
+    code = (
+        "import json, sys\n"
+        "from filesync.transport.ssh import openssh_login as login\n"
+        "from filesync.cli.main import main\n"
+        "seen = []\n"
+        "real = login.begin\n"
+        "def begin(*a, **kw):\n"
+        "    seen.append('filesync.sync.engine' in sys.modules)\n"
+        "    return real(*a, **kw)\n"
+        "login.begin = begin\n"
+        "rc = main(sys.argv[1:])\n"
+        "print(json.dumps({'rc': rc, 'engine_loaded_at_begin': seen}))\n"
+    )
+    path = {"PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
+    for _ in range(2):  # the first run copies, the second is a no-op
+        done = run_cli(run.home, "push", str(run.local), run.spec, "-q", "--state-dir",
+                       str(run.state), "-F", str(run.config), code=code, env=path)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == {
+            "rc": 0, "engine_loaded_at_begin": [False]}
+    assert snapshot(run.remote) == expected(run)
+    lines = calls.read_text().splitlines()
+    assert sum(" -G " in f" {line} " for line in lines) == 2, lines  # one per run
+    assert not [line for line in lines if " -O " in f" {line} "], lines
+
+
+async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text(block("begun", sshd))
+    before = logins(sshd)
+    pending = openssh.begin("begun", ssh_config=config)
+    assert pending.error is None and pending.proc is not None and pending.workdir is not None
+    conduit = await openssh.connect("begun", ssh_config=config)
+    try:
+        assert conduit.alive  # the login may still be under way: the first command waits
+        done = await conduit.run("echo ok")
+        assert (done.returncode, done.stdout) == (0, b"ok\n")
+        assert conduit.master.workdir == pending.workdir
+        assert logins(sshd) == before + 1
+    finally:
+        await conduit.close()
+    assert not conduit.alive and not pending.workdir.exists()
+    # A second connect finds nothing begun: it logs in by itself.
+    again = await openssh.connect("begun", ssh_config=config)
+    try:
+        assert again.master.workdir != pending.workdir
+    finally:
+        await again.close()
+
+
+def test_a_begun_login_nobody_takes_over_ends_with_the_process(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    config = tmp_path / "config"
+    config.write_text(block("orphan", sshd))
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from filesync.transport.ssh import openssh\n"
+        "p = openssh.begin('orphan', ssh_config=Path(sys.argv[1]))\n"
+        "assert p.proc is not None and p.proc.wait() == 0\n"
+        "print(p.workdir)\n"
+    )
+    done = run_cli(tmp_path, str(config), code=code)
+    assert done.returncode == 0, done.stderr
+    workdir = done.stdout.strip()
+    assert workdir and not Path(workdir).exists()
+    deadline = time.monotonic() + 30  # SIGTERM was sent at exit; the master may lag a little
+    while (left := _running_with(workdir.encode())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left
+
+
+def _running_with(mark: bytes) -> list[str]:
+    """Live processes whose command line contains ``mark``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "cmdline").read_bytes() and \
+                    (proc / "stat").read_text().rpartition(")")[2].split()[0] not in "ZX":
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_command_failing_before_it_connects_ends_its_begun_login(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    run = Run(tmp_path, sshd, block("failing", sshd), "failing")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    code = (
+        "import json, sys\n"
+        "from filesync.transport.ssh import openssh_login as login\n"
+        "from filesync.cli.main import main\n"
+        "begun = []\n"
+        "real = login.begin\n"
+        "def begin(*a, **kw):\n"
+        "    begun.append(real(*a, **kw))\n"
+        "    return begun[-1]\n"
+        "login.begin = begin\n"
+        "rc = main(sys.argv[1:])\n"  # LOCAL is a file: a usage error, after the begin
+        "print(json.dumps({'rc': rc, 'dirs': [str(p.workdir) for p in begun],\n"
+        "                  'left': [str(p.workdir) for p in begun if p.workdir.exists()]}))\n"
+    )
+    done = run_cli(run.home, "push", str(not_a_dir), run.spec, "-q", "--state-dir",
+                   str(run.state), "-F", str(run.config), code=code)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["rc"] == 2 and len(result["dirs"]) == 1 and result["left"] == [], result
+    deadline = time.monotonic() + 30
+    while (left := _running_with(result["dirs"][0].encode())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left

@@ -12,8 +12,10 @@ Guarantees:
   (``-T -e none -x``: no pty, no escape character, a binary-clean stream). If the user's
   config already points at a running master (``ControlPath`` + ``ssh -O check``), the
   conduit rides that one and leaves it running. ``close()`` ends filesync's own master
-  (``ssh -O exit``); should filesync die instead, the master exits by itself once idle
-  for ``_IDLE_PERSIST`` seconds.
+  (SIGTERM: what ``ssh -O exit`` does, without spawning a client for it); should
+  filesync die instead, the master exits by itself once idle for ``_IDLE_PERSIST``
+  seconds. The login may have been started earlier by ``begin`` (``openssh_login``),
+  which ``connect`` takes over.
 - Host keys: an unknown key is refused (``StrictHostKeyChecking ask`` becomes ``yes``,
   so ssh never asks mid-run), ``--accept-new-host-key`` is ``accept-new``, a changed key
   is always refused. Every failure to connect is one ``TransportError`` line with the
@@ -31,201 +33,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import pwd
 import re
 import shutil
 import signal
-import tempfile
+import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from filesync.errors import ConnectionLost, TransportError, UsageError
+from filesync.errors import ConnectionLost, TransportError
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.ssh import openssh_errors
-from filesync.transport.ssh.openssh_errors import DEFAULT_PORT, Context
+from filesync.transport.ssh.openssh_login import (
+    _GRACE,
+    CLIENTS,
+    ENV_CLIENT,
+    Pending,
+    Resolved,
+    _base_args,
+    _context,
+    _find_master,
+    _Key,
+    _Master,
+    _pid_alive,
+    _resolve_timeout,
+    _resolved,
+    _spawn_master,
+    _take,
+    _which_ssh,
+    begin,
+    choose_client,
+)
 
-__all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "choose_client", "connect"]
+__all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "Pending", "begin", "choose_client",
+           "connect"]
 
-#: The environment variable that picks the SSH client when ``--ssh-client`` is not given.
-ENV_CLIENT = "FILESYNC_SSH_CLIENT"
-CLIENTS = ("openssh", "asyncssh")
-
-# Liveness when the user's config sets none: three missed 15 s probes end the master, so
-# a dead peer is noticed within a minute (ServerAliveCountMax's default is already 3).
-_ALIVE_INTERVAL = 15
-# An orphaned master (filesync killed before close) exits after this long without sessions.
-_IDLE_PERSIST = 60
-# Unix socket paths are limited to 104-108 bytes. Below the base come "/ssh-XXXXXXXX/",
-# %C (40 hex digits) and, while ssh binds, a 17-byte temporary suffix: 71 bytes.
-_MAX_SOCKET_DIR = 104 - 71
-# A master's dir with a log but no socket this long is left over (a master that is still
-# logging in, say at a passphrase prompt, has written its log more recently than that).
-_STALE_AFTER = 3600
 _STDERR_KEEP = 1 << 20
 _MASTER_LOG_KEEP = 1 << 20
-_GRACE = 2.0  # how long a finished client may take to exit, or a dying master to die
-
-
-def choose_client(requested: str | None) -> str:
-    """``openssh`` or ``asyncssh``: the request, else $FILESYNC_SSH_CLIENT, else openssh
-    whenever an ``ssh`` binary is on PATH. Raises ``UsageError`` for another name and
-    ``TransportError`` when openssh is asked for but there is no ``ssh``."""
-    choice = requested or os.environ.get(ENV_CLIENT, "")
-    if choice and choice not in CLIENTS:
-        raise UsageError(f"{ENV_CLIENT}={choice!r} is not a client; set it to openssh or asyncssh")
-    if not choice:
-        return "openssh" if shutil.which("ssh") else "asyncssh"
-    if choice == "openssh" and not shutil.which("ssh"):
-        raise TransportError("no ssh binary on PATH; install the OpenSSH client "
-                             "(openssh-client) or use --ssh-client asyncssh")
-    return choice
-
-
-def _has_tty() -> bool:
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie counts as dead (orphans are reaped late)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def _sweep(base: Path) -> None:
-    """Remove the directories of masters that are gone (filesync was killed, and the master
-    then exited once idle, taking its socket along): only the log is left in them."""
-    now = time.time()
-    for entry in base.glob("ssh-*"):
-        with contextlib.suppress(OSError):
-            names = os.listdir(entry)
-            log = entry / "master.log"
-            if names == ["master.log"] and now - log.stat().st_mtime > _STALE_AFTER:
-                shutil.rmtree(entry)
-
-
-def _runtime_dir() -> Path:
-    """A fresh 0700 directory for one master's socket and log, short enough for a socket."""
-    uid = os.getuid()
-    bases = []
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        bases.append(Path(runtime) / "filesync")
-    bases.append(Path(tempfile.gettempdir()) / f"filesync-{uid}")
-    bases.append(Path(f"/tmp/filesync-{uid}"))
-    for base in bases:
-        if len(str(base)) > _MAX_SOCKET_DIR:
-            continue
-        with contextlib.suppress(OSError):
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = base.lstat()
-            if base.is_symlink() or st.st_uid != uid or st.st_mode & 0o077:
-                continue  # someone else's, or open to others: not for a control socket
-            _sweep(base)
-            return Path(tempfile.mkdtemp(prefix="ssh-", dir=base))
-    raise TransportError(
-        "no private directory for the ssh control socket (tried "
-        f"{', '.join(map(str, bases))}); set XDG_RUNTIME_DIR to a short private directory"
-    )
-
-
-# --------------------------------------------------------------------------- ssh -G
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What ``ssh -G`` says about a destination: the fully resolved client config."""
-
-    alias: str
-    settings: dict[str, list[str]]
-
-    def get(self, key: str, default: str = "") -> str:
-        values = self.settings.get(key)
-        return values[0] if values else default
-
-    @property
-    def host(self) -> str:
-        return self.get("hostname", self.alias)
-
-    @property
-    def user(self) -> str:
-        return self.get("user") or pwd.getpwuid(os.getuid()).pw_name
-
-    @property
-    def port(self) -> int:
-        return int(self.get("port", str(DEFAULT_PORT)))
-
-    @property
-    def label(self) -> str:
-        """``user@alias (host:port)`` as the asyncssh client spells it, for messages."""
-        shown = self.host if self.port == DEFAULT_PORT else f"{self.host}:{self.port}"
-        if self.alias != self.host:
-            shown = f"{self.alias} ({shown})"
-        return f"{self.user}@{shown}"
-
-    @property
-    def identity(self) -> str:
-        """``ssh://user@host:port``: the same state key as the asyncssh client's."""
-        host = self.host.lower()
-        return f"ssh://{self.user}@{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def files(self, key: str) -> list[Path]:
-        home = pwd.getpwuid(os.getuid()).pw_dir  # ssh expands ~ from the passwd entry
-        out = []
-        for value in self.settings.get(key, []):
-            for item in value.split():
-                if item.lower() != "none":
-                    out.append(Path(re.sub(r"^~(?=/|$)", home, item)))
-        return out
-
-
-async def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-async def resolve(ssh: str, base: list[str], alias: str) -> Resolved:
-    """Run ``ssh -G`` (no connection; ``Match exec`` commands do run)."""
-    try:
-        code, out, err = await _run([ssh, *base, "-T", "-G", "--", alias], 60)
-    except TimeoutError:
-        raise TransportError(f"`ssh -G {alias}` did not finish in 60 s; check the Match exec "
-                             "commands in your ssh config") from None
-    if code != 0:
-        lines = [line for line in err.splitlines() if line.strip()]
-        why = lines[0] if lines else f"exit status {code}"
-        raise TransportError(f"ssh cannot use its config for {alias} ({why}); fix the ssh "
-                             f"config (`ssh -G {alias}` shows the same)")
-    settings: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        key, _, value = line.partition(" ")
-        settings.setdefault(key.lower(), []).append(value.strip())
-    return Resolved(alias, settings)
 
 
 # --------------------------------------------------------------------------- processes
@@ -311,29 +155,20 @@ class OpenSshProcess(RemoteProcess):
 # --------------------------------------------------------------------------- conduit
 
 
-@dataclass
-class _Master:
-    """The ControlMaster a conduit rides: filesync's own, or the user's."""
-
-    socket: str  # the ControlPath argument (may contain %C)
-    pid: int
-    owned: bool
-    workdir: Path | None = None
-
-    @property
-    def log(self) -> Path | None:
-        return self.workdir / "master.log" if self.workdir else None
-
-
 class OpenSshConduit(Conduit):
     """A conduit whose commands are ``ssh`` clients sharing one ControlMaster."""
 
-    def __init__(self, ssh: str, base: list[str], resolved: Resolved, master: _Master,
+    def __init__(self, ssh: str, base: list[str], resolved: Resolved,
+                 master: _Master | asyncio.Future[_Master],
                  verbose: Callable[[str], None]) -> None:
         self.ssh = ssh
         self.base = base  # -F/-i/-l/-p, as the user gave them
         self.resolved = resolved
-        self.master = master
+        # A login still under way (``connect`` took over one ``begin`` started) is waited
+        # for by the first ``start()``: the caller walks the host meanwhile.
+        self._master: _Master | None = master if isinstance(master, _Master) else None
+        self._login: asyncio.Future[_Master] | None = (
+            None if isinstance(master, _Master) else master)
         self.verbose = verbose
         self.identity = resolved.identity
         self._sent = 0
@@ -347,8 +182,23 @@ class OpenSshConduit(Conduit):
         return self.resolved.label
 
     @property
+    def master(self) -> _Master:
+        """The master this conduit rides (once logged in: after the first ``start()``)."""
+        if self._master is None:
+            raise TransportError("the ssh login has not finished; start a command first")
+        return self._master
+
+    @property
     def alive(self) -> bool:
-        return not self._closed and _pid_alive(self.master.pid)
+        if self._master is None:
+            return not self._closed and self._login is not None and not (
+                self._login.done() and self._login.exception() is not None)
+        return not self._closed and _pid_alive(self._master.pid)
+
+    async def _logged_in(self) -> None:
+        if self._master is None and self._login is not None:
+            # A failed login raises its one-line TransportError here, every time.
+            self._master = await self._login
 
     def _session_args(self) -> list[str]:
         args = _session_overrides(self.resolved)
@@ -392,6 +242,8 @@ class OpenSshConduit(Conduit):
 
     async def start(self, command: str) -> RemoteProcess:
         """Run ``command`` through the remote login shell, as ``ssh HOST COMMAND`` does."""
+        if not self._closed:
+            await self._logged_in()
         if self._closed or not _pid_alive(self.master.pid):
             raise await self._lost("could not start")
         log = self.master.log
@@ -420,18 +272,21 @@ class OpenSshConduit(Conduit):
                 with contextlib.suppress(Exception):
                     await proc._proc.wait()
         self._procs.clear()
-        if not self.master.owned:
-            return
         with contextlib.suppress(Exception):
-            await _run([self.ssh, *self.base, *self._session_args(), "-O", "exit", "--",
-                        self.resolved.alias], 10)
+            await self._logged_in()  # a login under way is ended, not left to idle out
+        if self._master is None or not self._master.owned:
+            return
+        # filesync's own master has no other clients: SIGTERM ends it as ``-O exit`` does
+        # (ssh closes the connection and removes its socket) without a mux round trip.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.master.pid, signal.SIGTERM)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5
         while _pid_alive(self.master.pid) and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)
         if _pid_alive(self.master.pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.master.pid, signal.SIGTERM)
+                os.kill(self.master.pid, signal.SIGKILL)
         if self.master.workdir is not None:
             shutil.rmtree(self.master.workdir, ignore_errors=True)
 
@@ -460,20 +315,64 @@ async def _check_master(ssh: str, args: list[str], alias: str) -> int | None:
     return None
 
 
-def _fill_gaps(res: Resolved, accept_new: bool, connect_timeout: float) -> list[str]:
-    """The ``-o`` options filesync adds for the master; each only where it must or may."""
-    opts = []
-    if accept_new:
-        opts.append("StrictHostKeyChecking=accept-new")
-    elif res.get("stricthostkeychecking") == "ask":
-        # The default: a question in the middle of a run. filesync refuses instead, with
-        # the line that adds the key (and --accept-new-host-key), see openssh_errors.
-        opts.append("StrictHostKeyChecking=yes")
-    if res.get("serveraliveinterval", "0") == "0":
-        opts.append(f"ServerAliveInterval={_ALIVE_INTERVAL}")
-    if res.get("connecttimeout", "none") == "none" and connect_timeout > 0:
-        opts.append(f"ConnectTimeout={max(1, round(connect_timeout))}")
-    return [arg for opt in opts for arg in ("-o", opt)]
+async def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def resolve(ssh: str, base: list[str], alias: str) -> Resolved:
+    """Run ``ssh -G`` (no connection; ``Match exec`` commands do run)."""
+    try:
+        code, out, err = await _run([ssh, *base, "-T", "-G", "--", alias], 60)
+    except TimeoutError:
+        raise _resolve_timeout(alias) from None
+    return _resolved(alias, code, out, err)
+
+
+async def _finish_master(
+    ssh: str, base: list[str], res: Resolved, workdir: Path, proc: subprocess.Popen[bytes],
+    say: Callable[[str], None],
+) -> _Master:
+    """Wait for the login ``_spawn_master`` started; map its failure to one line."""
+    socket = str(workdir / "%C")
+    log = workdir / "master.log"
+    try:
+        # Polled, not waited for in a thread: a cancelled run must not be held up at exit
+        # by a thread still waiting on ssh (a passphrase prompt, say). Finely while a
+        # handshake may finish, coarsely once a human is likely typing.
+        started = time.monotonic()
+        while (code := proc.poll()) is None:
+            await asyncio.sleep(0.002 if time.monotonic() - started < 2 else 0.05)
+        text = log.read_text(errors="replace")
+        if code != 0:
+            raise openssh_errors.explain(text, _context(res))
+        for line in text.splitlines():
+            if line.startswith("Warning: Permanently added"):
+                say(f"ssh: {line.strip()}")
+        pid = _find_master(workdir)
+        if pid is None and not Path("/proc/self").is_dir():
+            pid = await _check_master(ssh, [*base, "-o", f"ControlPath={socket}"], res.alias)
+        if pid is None:
+            raise TransportError(f"the ssh master connection to {res.label} ended right after "
+                                 f"login; run `ssh -v {res.alias}` to see why")
+    except BaseException:
+        if proc.poll() is None:
+            proc.terminate()
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    say(f"ssh: logged in to {res.label} (master pid {pid})")
+    return _Master(socket, pid, True, workdir)
 
 
 def _session_overrides(res: Resolved) -> list[str]:
@@ -507,82 +406,34 @@ async def connect(
     """Log in to ``host`` (a name or ssh_config alias) with ``ssh`` and return the conduit.
 
     ``user``/``port`` are ``-l``/``-p``, ``ssh_config`` is ``-F``, ``identity`` is ``-i``.
+    Takes over a login ``begin`` started with the same arguments, if there is one.
     Raises ``TransportError`` with one line naming the cause and the fix.
     """
     say = verbose or (lambda _msg: None)
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise TransportError("no ssh binary on PATH; install the OpenSSH client "
-                             "(openssh-client) or use --ssh-client asyncssh")
-    base: list[str] = []
-    if ssh_config is not None:
-        if not (ssh_config.exists() and not ssh_config.is_dir()):
-            raise TransportError(f"ssh config {ssh_config} does not exist; check the path")
-        base += ["-F", str(ssh_config)]
-    if identity is not None:
-        if not os.access(identity, os.R_OK):
-            raise TransportError(f"identity file {identity} is not readable; check the -i path")
-        base += ["-i", str(identity)]
-    if user is not None:
-        base += ["-l", user]
-    if port is not None:
-        base += ["-p", str(port)]
-    res = await resolve(ssh, base, host)
-    if res.get("controlpath", "none") != "none":
+    key: _Key = (host, user, port, ssh_config, identity, accept_new_host_key, connect_timeout)
+    pending = _take(key)
+    if pending is None:
+        ssh = _which_ssh()
+        base = _base_args(ssh_config, identity, user, port)
+        res = await resolve(ssh, base, host)
+        workdir, proc = None, None
+    else:
+        if pending.error is not None:
+            raise pending.error
+        assert pending.res is not None and pending.base is not None
+        ssh, base, res = pending.ssh, pending.base, pending.res
+        workdir, proc = pending.workdir, pending.proc
+    if proc is None and res.get("controlpath", "none") != "none":
         pid = await _check_master(ssh, base, host)
         if pid is not None:
             say(f"ssh: riding the running ControlMaster of {res.label} (pid {pid})")
             return OpenSshConduit(ssh, base, res, _Master(res.get("controlpath"), pid, False),
                                   say)
-    master = await _start_master(ssh, base, res, accept_new_host_key, connect_timeout, say)
-    return OpenSshConduit(ssh, base, res, master, say)
-
-
-async def _start_master(
-    ssh: str, base: list[str], res: Resolved, accept_new: bool, connect_timeout: float,
-    say: Callable[[str], None],
-) -> _Master:
-    workdir = _runtime_dir()
-    socket = str(workdir / "%C")
-    mux = ["-o", f"ControlPath={socket}"]
-    argv = [ssh, *base, "-v", *mux, "-o", "ControlMaster=yes",
-            "-o", f"ControlPersist={_IDLE_PERSIST}", *_fill_gaps(res, accept_new, connect_timeout),
-            "-N", "-f", "-T", "-x", "--", res.alias]
+    if proc is None or workdir is None:
+        workdir, proc = _spawn_master(ssh, base, res, accept_new_host_key, connect_timeout)
     say(f"ssh: connecting to {res.label} with {ssh} (one ControlMaster, socket in {workdir})")
-    log = workdir / "master.log"
-    try:
-        # The log is a file, not a pipe: the backgrounded master (and a ProxyJump child)
-        # keep writing to it, and a pipe would never reach its end. No new session here:
-        # ssh asks for a passphrase on the terminal, if there is one.
-        with open(log, "ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=err,
-            )
-        code = await proc.wait()
-        text = log.read_text(errors="replace")
-        if code != 0:
-            raise openssh_errors.explain(text, _context(res))
-        for line in text.splitlines():
-            if line.startswith("Warning: Permanently added"):
-                say(f"ssh: {line.strip()}")
-        pid = await _check_master(ssh, [*base, *mux], res.alias)
-        if pid is None:
-            raise TransportError(f"the ssh master connection to {res.label} ended right after "
-                                 f"login; run `ssh -v {res.alias}` to see why")
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    say(f"ssh: logged in to {res.label} (master pid {pid})")
-    return _Master(socket, pid, True, workdir)
-
-
-def _context(res: Resolved) -> Context:
-    known = res.files("userknownhostsfile")
-    return Context(
-        label=res.label, alias=res.alias, host=res.host, port=res.port, user=res.user,
-        known_hosts=str(known[0]) if known else "~/.ssh/known_hosts",
-        identity_files=res.files("identityfile"),
-        agent=bool(os.environ.get("SSH_AUTH_SOCK")) and res.get("identityagent") != "none",
-        tty=_has_tty(),
-    )
+    login = _finish_master(ssh, base, res, workdir, proc, say)
+    if pending is None:
+        return OpenSshConduit(ssh, base, res, await login, say)
+    # Begun early (the CLI): the first start() waits for the login, and raises its error.
+    return OpenSshConduit(ssh, base, res, asyncio.ensure_future(login), say)

@@ -1,0 +1,73 @@
+"""The host walk that ``run_pass`` starts before the helper (``planning.start_walk``).
+
+It runs while the helper starts (over SSH: while ssh still logs in); ``scan`` uses it
+unless the replay of an interrupted apply changed the host tree after it was taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from synctree import write
+
+from filesync.core.exclude import ExcludeRule
+from filesync.core.reconcile import Direction
+from filesync.endpoint.connect import drop_session, session_for
+from filesync.host.apply import HostOp
+from filesync.host.journal import Journal
+from filesync.host.state import PairState
+from filesync.sync import plan as planning
+from filesync.sync.engine import Options
+from filesync.sync.inputs import PassInputs, Scans
+from filesync.sync.staging import StagingSink
+from filesync.transport.local import local_conduit
+
+RULE = ExcludeRule.build(default_excludes=False)
+
+
+def scan_with_early_walk(tmp: Path, *, journal_deletes: str | None) -> Scans:
+    local, remote, state_dir = tmp / "local", tmp / "remote", tmp / "state"
+    remote.mkdir()
+
+    async def main() -> Scans:
+        conduit = local_conduit()
+        try:
+            walk = planning.start_walk(local, RULE, False)
+            await walk.listing  # taken before anything below changes the tree
+            session = await session_for(conduit)
+            root = session.resolve_root(str(remote))
+            state = PairState.open(state_dir, str(local), conduit.identity, root)
+            try:
+                if journal_deletes is not None:
+                    st = (local / journal_deletes).stat()
+                    Journal("crashed", [HostOp("delete", journal_deletes,
+                                               [st.st_size, st.st_mtime_ns])]
+                            ).save(state.journal_path)
+                run_id = f"{time.time_ns():020d}-test"
+                inputs = PassInputs(Options(Direction.PUSH, rule=RULE, state_dir=state_dir),
+                                    session, state, local, root, run_id, time.time_ns(),
+                                    StagingSink(state.staging / run_id))
+                return await planning.scan(inputs, walk)
+            finally:
+                state.close()
+        finally:
+            await drop_session(conduit)
+            await conduit.close()
+
+    return asyncio.run(main())
+
+
+def test_the_early_walk_is_the_scan_of_the_host(tmp_path: Path) -> None:
+    write(tmp_path / "local" / "a.txt", "a\n")
+    scans = scan_with_early_walk(tmp_path, journal_deletes=None)
+    assert set(scans.local.listing.files()) == {"a.txt"}
+
+
+def test_a_walk_taken_before_a_journal_replay_is_walked_again(tmp_path: Path) -> None:
+    write(tmp_path / "local" / "keep.txt", "k\n")
+    write(tmp_path / "local" / "gone.txt", "g\n")
+    scans = scan_with_early_walk(tmp_path, journal_deletes="gone.txt")
+    assert not (tmp_path / "local" / "gone.txt").exists()  # the replay deleted it
+    assert set(scans.local.listing.files()) == {"keep.txt"}
