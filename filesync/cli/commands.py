@@ -23,6 +23,7 @@ from typing import Any
 from filesync.cli.config import load_config
 from filesync.cli.jsonout import document, pair_json
 from filesync.cli.settings import Request
+from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action, Direction, Kind
 from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
@@ -165,6 +166,11 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
     call = Call(req.command)
     settings, log = req.settings, req.output.log()
     rules = Rules(settings.exclude, settings.default_excludes)
+    for i, m in enumerate(mappings):
+        # The patterns given here are checked before any connection, so a bad one is a
+        # usage error even when no remote answers; the planner builds the real rules.
+        ExcludeRule.build(settings.exclude, default_excludes=False,
+                          more=[(labels[i] if labels else "--exclude", m.exclude)])
     progress = tty_progress(not (req.output.json or req.output.quiet))
 
     async def plan(conduit: Conduit) -> list[Pass]:
