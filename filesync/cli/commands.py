@@ -1,33 +1,42 @@
 """The subcommands behind the CLI: typed request in, conduits from the pool, passes run,
 results printed. Nothing here sees the parsed arguments (``filesync.cli.main`` turns them
-into a ``Request`` first)."""
+into a ``Request`` first).
+
+Guarantees: the passes of ``--config`` and of a LOCAL that is not a directory come from
+the session's planner (``filesync.session.passes.plan_passes``), the library's one code
+for mappings (single files, upload-only, nested roots, state dirs); a plan it refuses
+(``BadMapping``, ``PatternError``) stops the whole command before any pass on any remote.
+A LOCAL directory is one pass, its first listing sent right behind the remote helper."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from filesync.cli.config import load_config
 from filesync.cli.jsonout import document, pair_json
-from filesync.cli.settings import Request, local_root
+from filesync.cli.settings import Request
+from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action, Direction, Kind
-from filesync.endpoint.connect import drop_session
+from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.host.shared_scan import HostScans
-from filesync.mapping import UPLOAD_ONLY
+from filesync.mapping import Mapping
+from filesync.session.passes import Call, Rules, direction_of, join_remote, plan_passes
 from filesync.sync.changes import ChangeAction
 from filesync.sync.engine import Options, Report, plan_row, run_pass
 from filesync.sync.progress import tty_progress
 from filesync.transport.base import Conduit
 from filesync.transport.pool import Conduits
-from filesync.transport.target import Target, via_error
+from filesync.transport.target import Target, parse_remote, via_error
 
 
 class SessionConduits(Conduits):
@@ -38,22 +47,45 @@ class SessionConduits(Conduits):
 
 
 _DIRECTIONS = {"push": Direction.PUSH, "pull": Direction.PULL}
+#: The commands whose passes can come from the session's planner (any mapping, a file's
+#: included); resolve and undo work on a directory pair.
+_PLANNED = ("push", "pull", "sync", "status")
 
 
-def _options(req: Request, direction: Direction, local: Path,
-             extra: Sequence[tuple[str, Sequence[str]]] = ()) -> Options:
-    """Engine options of one pass: the request's settings, its log and progress display."""
+def _options(req: Request, direction: Direction, local: Path) -> Options:
+    """Engine options of a directory pass: the request's settings, log and progress."""
     out = req.output
-    return req.settings.options(direction, local, extra=extra, log=out.log(),
+    return req.settings.options(direction, local, log=out.log(),
                                 progress=tty_progress(not (out.json or out.quiet)))
+
+
+PlanFilter = Callable[[list[Action]], list[Action]]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass as ``run_pass`` takes it."""
+
+    local: Path
+    remote: str
+    opts: Options
+    plan_filter: PlanFilter | None = None
 
 
 @dataclass
 class Job:
-    """Passes that share one connection: one remote, one or more mappings."""
+    """Passes that share one connection: one remote, one or more mappings.
+
+    ``rows`` are the passes as reported, (label, local, remote path), known before any
+    connection; ``plan`` turns the connection into those passes, one per row in order
+    (``remote_plan``: it talks to the remote to do so, so a kept connection that died
+    idle shows up there, not in the first pass).
+    """
 
     target: Target
-    passes: list[tuple[str, Path, str, Options]]  # (label, local root, remote path, opts)
+    rows: list[tuple[str, Path, str]]
+    plan: Callable[[Conduit], Awaitable[list[Pass]]]
+    remote_plan: bool = False
 
 
 async def run_command(req: Request, conduits: Conduits | None = None) -> int:
@@ -64,10 +96,35 @@ async def run_command(req: Request, conduits: Conduits | None = None) -> int:
     assert req.local is not None and req.targets  # Request's contract without --config
     if req.command == "undo":
         return await _undo(req, req.local, req.targets[0], pool)
+    local = req.local
+    if req.command in _PLANNED and not local.is_dir():
+        # A single file (or a LOCAL not there yet, which the remote side then decides):
+        # the session's planner, as for a mapping of the library or of --config.
+        return await _run_jobs(req, [_planned_job(req, t, [Mapping(local, t.path)], "")
+                                     for t in req.targets], pool)
     direction = _DIRECTIONS.get(req.command, Direction.SYNC)
-    jobs = [Job(t, [(t.label(), req.local, t.path, _options(req, direction, req.local))])
-            for t in req.targets]
+    plan_filter = _resolve_filter(req) if req.command == "resolve" else None
+    jobs = [Job(t, [(t.label(), local, t.path)], _fixed(
+        [Pass(local, t.path, _options(req, direction, local), plan_filter)]))
+        for t in req.targets]
     return await _run_jobs(req, jobs, pool)
+
+
+Ready = tuple[Conduit, bool, list[Pass]]  # a job's conduit, whether kept idle, its passes
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A job whose plan was refused: the command stops before any pass."""
+
+    error: UsageError
+
+
+def _fixed(passes: list[Pass]) -> Callable[[Conduit], Awaitable[list[Pass]]]:
+    async def plan(_conduit: Conduit) -> list[Pass]:
+        return passes
+
+    return plan
 
 
 async def _undo(req: Request, local: Path, target: Target, pool: Conduits) -> int:
@@ -89,48 +146,102 @@ async def _undo(req: Request, local: Path, target: Target, pool: Conduits) -> in
 
 
 def _config_jobs(req: Request) -> list[Job]:
+    """One job per remote of the file, its passes planned by the session's planner."""
     assert req.config is not None
-    if req.command not in ("push", "pull", "sync", "status"):
+    if req.command not in _PLANNED:
         raise UsageError(f"--config works with push, pull, sync and status, not {req.command}")
     config = load_config(req.config, via=req.via)
-    direction = _DIRECTIONS.get(req.command, Direction.SYNC)
-    jobs = []
-    for remote in config.remotes:
-        passes = []
-        for number, spec in enumerate(config.mappings, 1):
-            mine = direction
-            if spec.mapping.mode == UPLOAD_ONLY:
-                if direction is Direction.PULL:
-                    continue  # upload-only: never written back
-                mine = Direction.PUSH
-            local = local_root(spec.mapping.local)
-            target = config.target(remote, spec)
-            where = f"{req.config} (mapping {number}"
-            opts = _options(req, mine, local, [
-                (where + ")", spec.exclude),
-                (where + ", a nested mapping's root)", config.nested_excludes(spec))])
-            passes.append((target.label(), local, target.path, opts))
-        jobs.append(Job(config.target(remote, config.mappings[0]), passes))
-    return jobs
+    mappings = [Mapping(s.mapping.local, s.mapping.remote, s.mapping.mode, exclude=s.exclude)
+                for s in config.mappings]
+    labels = [f"{req.config} (mapping {n})" for n in range(1, len(mappings) + 1)]
+    return [_planned_job(req, config.target(remote, config.mappings[0]), mappings,
+                         parse_remote(remote, config.via).path, labels)
+            for remote in config.remotes]
+
+
+def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: str,
+                 labels: list[str] | None = None) -> Job:
+    """The job of ``mappings`` on ``target``: its passes come from the session's planner
+    (``filesync.session.passes.plan_passes``), run once the remote's connection is up, so
+    single-file and upload-only mappings, nested ownership and state dirs are the
+    library's, to the letter."""
+    call = Call(req.command)
+    settings, log = req.settings, req.output.log()
+    rules = Rules(settings.exclude, settings.default_excludes)
+    for i, m in enumerate(mappings):
+        # The patterns given here are checked before any connection, so a bad one is a
+        # usage error even when no remote answers; the planner builds the real rules.
+        ExcludeRule.build(settings.exclude, default_excludes=False,
+                          more=[(labels[i] if labels else "--exclude", m.exclude)])
+    progress = tty_progress(not (req.output.json or req.output.quiet))
+
+    async def plan(conduit: Conduit) -> list[Pass]:
+        endpoint = await session_for(conduit, log, watch=settings.watch)
+        specs = await plan_passes(call, mappings, endpoint, base, rules,
+                                  settings.state_path(), labels=labels)
+        return [Pass(s.local_root, s.remote_path,
+                     settings.pass_options(s.direction, s.rule, s.state_dir, log=log,
+                                           progress=progress), s.plan_filter())
+                for s in specs]
+
+    rows = []
+    for m in mappings:
+        if direction_of(call, m) is not None:
+            where = replace(target, path=join_remote(base, m.remote))
+            rows.append((where.label(), _shown_local(m.local), where.path))
+    return Job(target, rows, plan, remote_plan=True)
+
+
+def _shown_local(text: str) -> Path:
+    """A mapping's local path as reported: resolved as the planner resolves it."""
+    path = Path(os.path.abspath(text))
+    return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
 async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
-    plan_filter = _resolve_filter(req) if req.command == "resolve" else None
+    """Connect and plan every job (concurrently), then run them (concurrently). A job
+    whose remote cannot be reached fails alone; a plan refused as a usage error (a bad
+    mapping or pattern) refuses the whole command before any pass runs."""
     copts, timeout = req.connect, req.settings.timeout
-    jobs = _share_host_scans(jobs)
 
-    async def one(job: Job) -> list[PairResult]:
-        out: list[Report | FilesyncError] = []
+    async def connect(job: Job) -> Ready | FilesyncError | Refused:
         try:
             conduit, reused = await pool.acquire(job.target, copts)
         except FilesyncError as exc:
-            return [PairResult(label, local, path, via_error(job.target, exc))
-                    for label, local, path, _ in job.passes]
+            return exc
         try:
-            for _label, local, path, opts in job.passes:
+            try:
+                passes = await job.plan(conduit)
+            except ConnectionLost:
+                if not (reused and job.remote_plan):
+                    raise
+                # A kept connection died while idle: plan again on a new one.
+                await pool.release(conduit, False)
+                conduit, reused = await pool.acquire(job.target, copts)
+                passes = await job.plan(conduit)
+        except UsageError as exc:
+            await pool.release(conduit, True)
+            return Refused(exc)
+        except FilesyncError as exc:
+            await pool.release(conduit, False)
+            return exc
+        except BaseException:
+            await pool.release(conduit, False)
+            raise
+        assert len(passes) == len(job.rows)
+        return conduit, reused and not job.remote_plan, passes
+
+    async def one(job: Job, ready: Ready | FilesyncError) -> list[PairResult]:
+        if isinstance(ready, FilesyncError):
+            return [PairResult(label, local, path, via_error(job.target, ready))
+                    for label, local, path in job.rows]
+        conduit, reused, passes = ready
+        out: list[Report | FilesyncError] = []
+        try:
+            for p in passes:
                 try:
                     try:
-                        run = run_pass(conduit, local, path, opts, plan_filter)
+                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter)
                         out.append(await _deadline(run, timeout))
                     except ConnectionLost:
                         if not reused:
@@ -139,7 +250,7 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
                         # entry); the failed pass changed nothing, so it runs on a new one.
                         await pool.release(conduit, False)
                         conduit, reused = await pool.acquire(job.target, copts)
-                        run = run_pass(conduit, local, path, opts, plan_filter)
+                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter)
                         out.append(await _deadline(run, timeout))
                 except FilesyncError as exc:
                     out.append(exc)
@@ -150,10 +261,19 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
         await pool.release(conduit, not any(isinstance(r, ConnectionLost) for r in out))
         return [PairResult(label, local, path,
                            via_error(job.target, r) if isinstance(r, FilesyncError) else r)
-                for (label, local, path, _), r in zip(job.passes, out, strict=True)]
+                for (label, local, path), r in zip(job.rows, out, strict=True)]
 
     started = time.monotonic()
-    results = [r for rs in await asyncio.gather(*(one(j) for j in jobs)) for r in rs]
+    readies = await asyncio.gather(*(connect(j) for j in jobs))
+    refused = [r.error for r in readies if isinstance(r, Refused)]
+    if refused:
+        for r in readies:
+            if isinstance(r, tuple):
+                await pool.release(r[0], True)
+        raise refused[0]
+    readies = _share_host_scans(readies)
+    runs = (one(j, r) for j, r in zip(jobs, readies, strict=True) if not isinstance(r, Refused))
+    results = [r for rs in await asyncio.gather(*runs) for r in rs]
     return _print_results(req, results, time.monotonic() - started)
 
 
@@ -177,15 +297,18 @@ class PairResult:
                          r.message, r.exit_code)
 
 
-def _share_host_scans(jobs: list[Job]) -> list[Job]:
-    """Passes of different jobs run at once: where two read the same local root, every
-    pass of the command shares one ``HostScans`` (one walk, hash and read per file)."""
-    roots = Counter(local for job in jobs for local in {p[1] for p in job.passes})
+def _share_host_scans(
+    readies: list[Ready | FilesyncError | Refused],
+) -> list[Ready | FilesyncError | Refused]:
+    """Planned passes of different jobs run at once: where two read the same local root,
+    every pass of the command shares one ``HostScans`` (one walk, hash and read per file)."""
+    planned = [r for r in readies if isinstance(r, tuple)]
+    roots = Counter(local for _c, _r, passes in planned for local in {p.local for p in passes})
     if all(n == 1 for n in roots.values()):
-        return jobs
+        return readies
     shared = HostScans(roots)
-    return [Job(j.target, [(label, local, path, replace(opts, host_scans=shared))
-                           for label, local, path, opts in j.passes]) for j in jobs]
+    return [(r[0], r[1], [replace(p, opts=replace(p.opts, host_scans=shared)) for p in r[2]])
+            if isinstance(r, tuple) else r for r in readies]
 
 
 async def _deadline(run: Awaitable[Report], seconds: float) -> Report:

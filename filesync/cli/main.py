@@ -92,7 +92,8 @@ def _common(
 ) -> None:
     if pair:
         p.add_argument("local", metavar="LOCAL", nargs="?" if config else None,
-                       help="host directory")
+                       help="host directory (or, with a REMOTE naming the same file, a "
+                       "single file)" if config else "host directory")
         p.add_argument("remote", metavar="REMOTE",
                        nargs="*" if fanout else ("?" if config else None),
                        help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path"
@@ -334,7 +335,8 @@ def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
     elif args.local is None or not remotes:
         raise UsageError("give LOCAL REMOTE (or --config FILE)")
     else:
-        local = local_root(args.local)
+        local = local_root(args.local,
+                           files=args.command in ("push", "pull", "sync", "status"))
         targets = tuple(parse_remote(text, args.via) for text in remotes)
     return Request(
         command=args.command, settings=settings, connect=connect, output=output,

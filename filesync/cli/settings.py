@@ -81,10 +81,28 @@ class PassSettings:
         ``PatternError`` (a one-line usage error naming it and where it came from)."""
         rule = ExcludeRule.build(self.exclude, default_excludes=self.default_excludes,
                                  root=local, more=extra)
+        return self.pass_options(direction, rule, self.state_path(), log=log,
+                                 progress=progress)
+
+    def state_path(self) -> Path:
+        """The state dir passes use: ``state_dir`` with ``~`` expanded, else the default."""
+        return self.state_dir.expanduser() if self.state_dir else default_state_dir()
+
+    def pass_options(
+        self,
+        direction: Direction,
+        rule: ExcludeRule,
+        state_dir: Path,
+        *,
+        log: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
+    ) -> Options:
+        """Engine options for one pass whose rule and state dir are already chosen (by
+        the session's planner, ``filesync.session.passes``)."""
         return Options(
             direction=direction,
             rule=rule,
-            state_dir=self.state_dir.expanduser() if self.state_dir else default_state_dir(),
+            state_dir=state_dir,
             dry_run=self.dry_run,
             force=self.force,
             lock_timeout=self.lock_timeout,
@@ -143,12 +161,17 @@ class Request:
         return self.command == "status" or self.settings.dry_run
 
 
-def local_root(text: str, base: Path | None = None) -> Path:
+def local_root(text: str, base: Path | None = None, *, files: bool = False) -> Path:
     """LOCAL as an absolute directory (``base``: what a relative one is relative to, else
-    the working directory); ``UsageError`` if it names something else than a directory."""
+    the working directory); ``UsageError`` if it names something else than a directory,
+    unless ``files``: then anything else is returned with its parent resolved, for the
+    session's planner to map as a single file or refuse (``BadMapping``)."""
     root = Path(text).expanduser()
     if base is not None and not root.is_absolute():
         root = base / root
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"LOCAL {text!r} is not a directory; give the directory to sync")
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        if files:
+            return root.absolute().parent.resolve() / root.name
+        raise UsageError(f"LOCAL {text!r} is not a directory; give the directory to sync "
+                         "(push, pull, sync and status also take a single file)")
     return root.resolve()

@@ -101,21 +101,33 @@ async def plan_passes(
     base: str,
     rules: Rules,
     state_dir: Path,
+    *,
+    labels: Sequence[str] | None = None,
 ) -> list[PassSpec]:
-    """The passes of ``call``; raises ``BadMapping`` before any pass runs."""
+    """The passes of ``call``; raises ``BadMapping`` before any pass runs.
+
+    ``labels``: one per mapping, what an invalid pattern of that mapping's own
+    ``exclude`` is named by in the ``PatternError`` (a config file's mapping); without
+    them every pattern is named ``--exclude``.
+    """
 
     def resolved(remote: str) -> str:
         return endpoint.resolve_root(join_remote(base, remote))
 
+    if labels is not None and len(labels) != len(mappings):
+        raise ValueError("plan_passes: give one label per mapping")
     out: list[PassSpec] = []
-    for m in mappings:
+    for i, m in enumerate(mappings):
         direction = direction_of(call, m)
         if direction is None:
             continue
         remote_path = join_remote(base, m.remote)
         remote_root = endpoint.resolve_root(remote_path)
         local = _local_path(m.local)
+        own: list[tuple[str, list[str]]] = []
         patterns = [*rules.exclude, *m.exclude]
+        if labels is not None:
+            patterns, own = [*rules.exclude], [(labels[i], list(m.exclude))]
         if await _is_file(local, remote_root, endpoint):
             name = local.name
             rname = posixpath.basename(remote_root)
@@ -125,7 +137,7 @@ async def plan_passes(
                     f"name the file {name!r} too (got {rname or '/'!r}); give the remote "
                     f"path ending in /{name}"
                 )
-            rule = _build(["/*", "!" + literal_pattern(name), *patterns], rules, None)
+            rule = _build(["/*", "!" + literal_pattern(name), *patterns], rules, None, own)
             key = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
             parent = posixpath.dirname(remote_path) or "."
             out.append(PassSpec(m, direction, local.parent, parent,
@@ -133,7 +145,10 @@ async def plan_passes(
                                 state_dir / "files" / key))
         else:
             nested = nested_excludes(m, mappings, remote_root=resolved)
-            rule = _build([*patterns, *nested], rules, local)
+            if labels is not None:
+                own.append((f"{labels[i]} (a nested mapping's root)", nested))
+                nested = []
+            rule = _build([*patterns, *nested], rules, local, own)
             out.append(PassSpec(m, direction, local, remote_path, remote_root, None, rule,
                                 state_dir))
     return out
@@ -149,9 +164,11 @@ def _local_path(text: str) -> Path:
     return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
-def _build(patterns: list[str], rules: Rules, root: Path | None) -> ExcludeRule:
+def _build(patterns: list[str], rules: Rules, root: Path | None,
+           more: list[tuple[str, list[str]]]) -> ExcludeRule:
     try:
-        return ExcludeRule.build(patterns, default_excludes=rules.default_excludes, root=root)
+        return ExcludeRule.build(patterns, default_excludes=rules.default_excludes, root=root,
+                                 more=more)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"bad exclude pattern ({exc}); use gitignore syntax") from None
 

@@ -66,6 +66,20 @@ exclude = ["*.bak", "{BAD}"]
     assert_refused(code, err, home, f"from {cfg} (mapping 1) is invalid")
 
 
+def test_bad_exclude_in_config_is_refused_when_no_remote_answers(
+    local: Path, tmp_path: Path
+) -> None:
+    cfg = write(tmp_path / "filesync.toml", f"""
+remotes = ["ssh://127.0.0.1:1/"]
+[[mapping]]
+local = "{local}"
+remote = "skills"
+exclude = ["{BAD}"]
+""")
+    code, _, err = filesync("push", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    assert_refused(code, err, tmp_path / "nothing", f"from {cfg} (mapping 1) is invalid")
+
+
 def test_bad_pattern_with_json_is_one_object(local: Path, tmp_path: Path) -> None:
     code, out, err = filesync("push", str(local), str(tmp_path / "r"), "--exclude", "a\\",
                               "--json", "--state-dir", str(tmp_path / "s"))

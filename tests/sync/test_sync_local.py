@@ -327,8 +327,9 @@ def test_usage_errors_are_one_line_with_exit_2(pair: Pair, tmp_path: Path) -> No
     code, report = pair.run("push", "--max-file-size", "lots")
     assert code == 2 and "size" in report["error"]
     afile = write(tmp_path / "afile", "x")
+    # A file LOCAL is a single-file mapping: REMOTE must name that file too.
     code, report = Pair(afile, pair.remote, pair.state).run("push")
-    assert code == 2 and "not a directory" in report["error"]
+    assert code == 2 and "must name the file 'afile'" in report["error"]
     assert "Traceback" not in pair.stderr
 
 
