@@ -9,7 +9,7 @@ The library face for agent frameworks (above ``filesync.sync``, below ``filesync
 
 The guarantees of each call are in ``filesync.session.aio``; the mapping rules (single
 files, nested mappings, upload-only) in ``filesync.session.passes``; the self-sync guard
-in ``filesync.sync.selfsync``. ``docs/library.md`` is the user's guide.
+in ``filesync.session.selfsync``. ``docs/library.md`` is the user's guide.
 """
 
 from filesync.session.aio import AsyncSession, SessionReport

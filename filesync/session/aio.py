@@ -44,8 +44,8 @@ from filesync.errors import (
 )
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
+from filesync.session.selfsync import refuse_self_sync
 from filesync.sync.engine import Options, Report, run_pass
-from filesync.sync.selfsync import refuse_self_sync
 from filesync.transport.base import Conduit
 from filesync.transport.local import CommandConduit
 from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote

@@ -11,8 +11,6 @@ confirmed is not recorded, so the next run picks it up again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -31,7 +29,6 @@ from filesync.host.state import ConflictRecord, PairState
 from filesync.sync import plan as planning
 from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import Options, PassInputs
-from filesync.sync.selfsync import refuse_self_sync_once
 from filesync.sync.staging import StagingSink
 from filesync.sync.transition import Transitioned, transition
 from filesync.transport.base import Conduit
@@ -119,13 +116,8 @@ async def run_pass(
                                 opts.idle_timeout)
     ok = False
     report = Report()
-    self_check: asyncio.Future[None] | None = None
     try:
         remote_root = session.resolve_root(remote_path)
-        if not opts.dry_run:
-            # Runs while the remote walks; awaited before anything changes (``_pass``).
-            self_check = asyncio.ensure_future(
-                refuse_self_sync_once(conduit, local_root, remote_root, opts.log))
         # The helper walks while the state is opened and the host is walked.
         await session.prefetch_list(remote_root, opts.rule)
         state = PairState.open(
@@ -137,17 +129,13 @@ async def run_pass(
             inputs = PassInputs(opts, session, state, local_root, remote_root, run_id,
                                 time.time_ns(), StagingSink(state.staging / run_id))
             try:
-                await _pass(inputs, report, plan_filter, walk, self_check)
+                await _pass(inputs, report, plan_filter, walk)
                 ok = True
             finally:
                 shutil.rmtree(inputs.sink.dir, ignore_errors=True)
         finally:
             state.close()
     finally:
-        if self_check is not None and not self_check.done():
-            self_check.cancel()  # its own finally removes the check file
-            with contextlib.suppress(BaseException):
-                await self_check
         if not ok:
             # A pass that failed may have left the stream mid-request: never reuse it.
             await drop_session(conduit, polite=False)
@@ -163,7 +151,6 @@ async def _pass(
     inputs: PassInputs, report: Report,
     plan_filter: Callable[[list[Action]], list[Action]] | None,
     walk: planning.Walk | None,
-    self_check: asyncio.Future[None] | None = None,
 ) -> None:
     opts = inputs.opts
     scans = await planning.scan(inputs, walk)
@@ -181,8 +168,6 @@ async def _pass(
     report.skipped += planned.skipped
     check_deletions(planned.actions, len(scans.ancestors), opts.force)
     report.plan = list(planned.actions)
-    if self_check is not None:
-        await self_check  # the same tree reached twice (SelfSync): refused, nothing changed
     if not opts.dry_run:
         report.fold(await transition(inputs, scans, planned))
     report.open_conflicts = list(inputs.state.conflicts().values())

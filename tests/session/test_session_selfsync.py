@@ -14,7 +14,7 @@ from synctree import snapshot, write
 
 from filesync import Mapping, SafetyRefusal, SelfSync, Session
 from filesync.core.reconcile import Kind
-from filesync.sync.selfsync import candidates
+from filesync.session.selfsync import candidates
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_a_local_tree_that_cannot_be_written_is_pushed_unchecked(
 ) -> None:
     import errno
 
-    import filesync.sync.selfsync as guard
+    import filesync.session.selfsync as guard
 
     real_open = os.open
 

@@ -18,10 +18,6 @@ form with this process's pid (``.filesync.PID.N.tmp``), so a concurrent scan of 
 same tree never syncs it and a walk after a crash removes it. Where the local root does
 not exist yet, its nearest existing parent carries the nonce and only the first two
 checks apply (nothing can lie inside a tree that does not exist).
-
-Every push, pull and sync pass runs it (``filesync.sync.engine.run_pass``: the CLI, the
-library and the terminal backends alike), while the remote walks, and waits for it before
-anything changes; a connection asks once per pair (``refuse_self_sync_once``).
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ import os
 import posixpath
 import secrets
 import shlex
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,22 +51,6 @@ def candidates(local_root: Path, remote_root: str, nonce: str, inside: bool) -> 
             out.append(posixpath.join(parent, nonce))
             out.append(f"{root}/{ups}{nonce}")
     return out
-
-
-#: Pairs already found apart, per connection: a session's later passes ask no more.
-_APART: weakref.WeakKeyDictionary[Conduit, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
-
-
-async def refuse_self_sync_once(
-    conduit: Conduit, local_root: Path, remote_root: str,
-    log: Callable[[str], None] | None = None,
-) -> None:
-    """``refuse_self_sync``, remembered per connection for the pairs found apart."""
-    apart = _APART.setdefault(conduit, set())
-    key = (str(local_root), remote_root)
-    if key not in apart:
-        await refuse_self_sync(conduit, local_root, remote_root, log)
-        apart.add(key)
 
 
 async def refuse_self_sync(
