@@ -50,7 +50,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy2(ROOT / name, src / name)
     for name in ("filesync", "backends"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    _pip("wheel", str(src), "--no-deps", "-w", str(work / "dist"), cwd=work)
+    # The venv's own build backend (the test extras pin it), not an isolated one fetched from
+    # an index: the suite runs in a network namespace of its own (scripts/dev).
+    _pip("wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(work / "dist"),
+         cwd=work)
     (built,) = (work / "dist").glob("filesync-*.whl")
     return built
 
