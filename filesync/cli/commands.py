@@ -176,7 +176,8 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
     progress = tty_progress(not (req.output.json or req.output.quiet))
 
     async def plan(conduit: Conduit) -> list[Pass]:
-        endpoint = await session_for(conduit, log, watch=settings.watch)
+        endpoint = await session_for(conduit, log, watch=settings.watch,
+                                     idle=settings.idle_timeout)
         specs = await plan_passes(call, mappings, endpoint, base, rules,
                                   settings.state_path(), labels=labels)
         return [Pass(s.local_root, s.remote_path,
