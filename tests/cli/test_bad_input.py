@@ -178,8 +178,13 @@ def test_squatted_default_agent_dir_warns_and_runs_directly(tmp_path: Path) -> N
     shutil.chown(squat, "nobody")
     squat.chmod(0o700)
     write(fake_tmp / "local" / "f.txt", "direct\n")
+    # The real /tmp stays reachable as /tmp/.real, and a checkout living under /tmp (a CI
+    # clone) is bound back at its own path: the interpreter and the package stay found.
     isolated = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-                'mount --bind "$0" /tmp && exec "$@"', str(fake_tmp))
+                'mkdir -p "$0/.real" && mount --bind /tmp "$0/.real" && mount --rbind "$0" /tmp'
+                ' && case "$1" in /tmp/*) r=${1#/tmp/}; mkdir -p "/tmp/$r"'
+                ' && mount --bind "/tmp/.real/$r" "/tmp/$r";; esac && shift && exec "$@"',
+                str(fake_tmp), str(REPO))
     done = cli("push", "/tmp/local", "/tmp/remote", "--persist", "60", "--state-dir",
                "/tmp/state", prefix=isolated)
     line = one_line(done, 0, kind="warning")
