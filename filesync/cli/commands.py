@@ -31,6 +31,7 @@ from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, Rules, direction_of, join_remote, plan_passes
+from filesync.session.selfsync import refuse_self_sync
 from filesync.sync.changes import ChangeAction
 from filesync.sync.engine import Options, Report, plan_row, run_pass
 from filesync.sync.progress import tty_progress
@@ -237,12 +238,13 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
             return [PairResult(label, local, path, via_error(job.target, ready))
                     for label, local, path in job.rows]
         conduit, reused, passes = ready
+        guard = None if req.plan_only else _self_sync_guard(req)
         out: list[Report | FilesyncError] = []
         try:
             for p in passes:
                 try:
                     try:
-                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter)
+                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter, guard)
                         out.append(await _deadline(run, timeout))
                     except ConnectionLost:
                         if not reused:
@@ -251,7 +253,7 @@ async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
                         # entry); the failed pass changed nothing, so it runs on a new one.
                         await pool.release(conduit, False)
                         conduit, reused = await pool.acquire(job.target, copts)
-                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter)
+                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter, guard)
                         out.append(await _deadline(run, timeout))
                 except FilesyncError as exc:
                     out.append(exc)
@@ -296,6 +298,20 @@ class PairResult:
         fields = (report if isinstance(report, Report) else Report()).to_json(plan)
         return pair_json(self.label, str(self.local), self.remote, fields,
                          r.message, r.exit_code)
+
+
+def _self_sync_guard(req: Request) -> Callable[[Conduit, Path, str], Awaitable[None]]:
+    """The self-sync check (``filesync.session.selfsync``) as a job's passes run it: once
+    per pair of roots and connection, while both sides walk, before anything is applied."""
+    checked: dict[tuple[Path, str], Conduit] = {}
+    log = req.output.log()
+
+    async def guard(conduit: Conduit, local_root: Path, remote_root: str) -> None:
+        if checked.get((local_root, remote_root)) is not conduit:
+            await refuse_self_sync(conduit, local_root, remote_root, log)
+            checked[local_root, remote_root] = conduit
+
+    return guard
 
 
 def _share_host_scans(

@@ -13,11 +13,15 @@ were one:
 
 The nonce is removed in every case (``finally``). Where this process cannot write in the
 local tree (a read-only mount), the check is skipped: a pull into it fails as any write
-does, and a push from it is what the caller meant. Its name is the engine's temp-file
-form with this process's pid (``.filesync.PID.N.tmp``), so a concurrent scan of the
-same tree never syncs it and a walk after a crash removes it. Where the local root does
-not exist yet, its nearest existing parent carries the nonce and only the first two
-checks apply (nothing can lie inside a tree that does not exist).
+does, and a push from it is what the caller meant. Its name has the engine's temp-file
+form (``.filesync.1.N.tmp``), so no scan ever syncs it. Its pid part is 1, alive in every
+PID namespace: a walk removes a temp file whose writer's pid is dead *in its own
+namespace*, and the remote helper walking the very tree being checked (from a container,
+another host's mount) would otherwise take a live nonce for a crashed writer's and remove
+it before it was looked for. A nonce left by a process killed mid-check is removed by the
+next check of that directory once it is an hour old. Where the local root does not exist
+yet, its nearest existing parent carries the nonce and only the first two checks apply
+(nothing can lie inside a tree that does not exist).
 """
 
 from __future__ import annotations
@@ -26,13 +30,20 @@ import contextlib
 import errno
 import os
 import posixpath
+import re
 import secrets
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from filesync.errors import FilesyncError, SelfSync, TransportError
 from filesync.transport.base import Conduit
+
+#: The nonce's name up to its random part: the temp-file form with pid 1 (see above).
+NONCE_PREFIX = ".filesync.1."
+_NONCE_RE = re.compile(r"^\.filesync\.1\.\d+\.tmp$")
+NONCE_MAX_AGE = 3600.0
 
 
 def candidates(local_root: Path, remote_root: str, nonce: str, inside: bool) -> list[str]:
@@ -62,7 +73,8 @@ async def refuse_self_sync(
     carrier = local_root
     while not carrier.is_dir() and carrier != carrier.parent:
         carrier = carrier.parent
-    nonce = f".filesync.{os.getpid()}.{secrets.randbits(62)}.tmp"
+    _remove_old_nonces(carrier)
+    nonce = f"{NONCE_PREFIX}{secrets.randbits(62)}.tmp"
     path = carrier / nonce
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -86,6 +98,18 @@ async def refuse_self_sync(
             f"remote root {remote_root} is the local root {local_root}, contains it or lies "
             "inside it (the same tree reached twice); map a different remote directory"
         )
+
+
+def _remove_old_nonces(carrier: Path) -> None:
+    """Remove the nonces of checks killed before their ``finally`` (an hour old: no live
+    check waits that long on one short command, and a wrong guess only costs a check)."""
+    cutoff = time.time() - NONCE_MAX_AGE
+    with contextlib.suppress(OSError), os.scandir(carrier) as entries:
+        for entry in entries:
+            if entry.name.startswith(NONCE_PREFIX) and _NONCE_RE.match(entry.name):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        os.unlink(entry.path)
 
 
 async def _look(conduit: Conduit, paths: list[str]) -> bool:

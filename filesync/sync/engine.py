@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,8 +102,13 @@ async def run_pass(
     remote_path: str,
     opts: Options,
     plan_filter: Callable[[list[Action]], list[Action]] | None = None,
+    guard: Callable[[Conduit, Path, str], Awaitable[None]] | None = None,
 ) -> Report:
-    """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out."""
+    """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
+
+    ``guard`` is awaited with the conduit, the local root and the resolved remote root while
+    both sides walk, before the pair's state is opened or anything is applied: raising there
+    ends the pass with nothing changed (the CLI's self-sync check)."""
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
@@ -120,6 +125,8 @@ async def run_pass(
         remote_root = session.resolve_root(remote_path)
         # The helper walks while the state is opened and the host is walked.
         await session.prefetch_list(remote_root, opts.rule)
+        if guard is not None:
+            await guard(conduit, local_root, remote_root)
         state = PairState.open(
             opts.state_dir, str(local_root), conduit.identity, remote_root,
             lock_timeout=opts.lock_timeout,

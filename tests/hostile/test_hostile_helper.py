@@ -2,8 +2,9 @@
 
 The impostor (``EVIL`` below, written to a temp dir) is reached two ways a real attacker or
 a broken remote could take: as the ``--via`` command (it gets ``sh -c BOOTSTRAP`` as its
-arguments), and as a fake ``python3`` first on the PATH of the local transport. It reads
-the helper source the client sends, then speaks the framed protocol with one scenario's
+arguments; any other command, the client's self-sync check, runs in the real ``sh``), and
+as a fake ``python3`` first on the PATH of the local transport. It reads the helper source
+the client sends, then speaks the framed protocol with one scenario's
 lies: names that escape the root, files that were not asked for, sizes that do not add up,
 garbage, oversized frames, silence after garbage.
 
@@ -32,7 +33,12 @@ import json, os, re, struct, sys, time, zlib
 
 H = struct.Struct(">cI")
 scenario, abs_target = sys.argv[1], sys.argv[2]
-size = int(re.search(r"read\((\d+)\)", sys.argv[-1]).group(1))
+bootstrap = re.search(r"read\((\d+)\)", sys.argv[-1])
+if bootstrap is None:
+    # Not the helper's start (the client's self-sync check): the host's own shell answers,
+    # as on any real remote; only the helper lies.
+    os.execvp("sh", ["sh", "-c", sys.argv[-1]])
+size = int(bootstrap.group(1))
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 inp.read(size)  # the real helper's source, sent by the client
 

@@ -125,3 +125,46 @@ def test_a_local_tree_that_cannot_be_written_is_pushed_unchecked(
     with Session(tmp_path / "mirror", state_dir=tmp_path / "state", log=seen.append) as s:
         assert s.push(Mapping(tree, "project")).uploaded == 2
     assert any("self-sync check skipped" in line for line in seen)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_no_walk_takes_a_live_nonce_for_a_crashed_writers_temp_file(tmp_path: Path) -> None:
+    # A walk removes temp files whose writer's pid is dead in its own PID namespace; the
+    # remote helper walking this very tree from another namespace (a container, another
+    # host's mount) sees every local pid as dead. The nonce's pid (1) is alive in all.
+    from filesync.session.selfsync import NONCE_PREFIX
+    from filesync.tree.ignore import Matcher
+    from filesync.tree.walk import walk
+
+    nonce = tmp_path / f"{NONCE_PREFIX}12345.tmp"
+    crashed = tmp_path / f".filesync.{_dead_pid()}.7.tmp"
+    for path in (nonce, crashed):
+        path.write_bytes(b"")
+    write(tmp_path / "kept.md", "x")
+    entries, _skipped, _excluded = walk(str(tmp_path), Matcher([], []))
+    assert [e[0] for e in entries] == ["kept.md"]  # neither is ever synced
+    assert nonce.exists() and not crashed.exists()
+
+
+def test_a_nonce_left_by_a_killed_check_goes_once_an_hour_old(
+    tmp_path: Path, tree: Path
+) -> None:
+    from filesync.session.selfsync import NONCE_MAX_AGE, NONCE_PREFIX
+
+    old, young = tree / f"{NONCE_PREFIX}1.tmp", tree / f"{NONCE_PREFIX}2.tmp"
+    for path in (old, young):
+        path.write_bytes(b"")
+    past = os.stat(old).st_mtime - NONCE_MAX_AGE - 60
+    os.utime(old, (past, past))
+    with Session(tmp_path / "mirror", state_dir=tmp_path / "state") as s:
+        assert s.push(Mapping(tree, "project")).uploaded == 2
+    assert not old.exists() and young.exists()
+    assert sorted(snapshot(tmp_path / "mirror" / "project")) == ["a.md", "sub/b.md"]
