@@ -11,6 +11,8 @@ confirmed is not recorded, so the next run picks it up again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -106,9 +108,10 @@ async def run_pass(
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
 
-    ``guard`` is awaited with the conduit, the local root and the resolved remote root while
-    both sides walk, before the pair's state is opened or anything is applied: raising there
-    ends the pass with nothing changed (the CLI's self-sync check)."""
+    ``guard`` runs with the conduit, the local root and the resolved remote root while the
+    state opens and both sides list; it is awaited before anything is fetched, recovered
+    or applied, so raising there ends the pass with nothing changed (the CLI's self-sync
+    check)."""
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
@@ -125,23 +128,30 @@ async def run_pass(
         remote_root = session.resolve_root(remote_path)
         # The helper walks while the state is opened and the host is walked.
         await session.prefetch_list(remote_root, opts.rule)
-        if guard is not None:
-            await guard(conduit, local_root, remote_root)
-        state = PairState.open(
-            opts.state_dir, str(local_root), conduit.identity, remote_root,
-            lock_timeout=opts.lock_timeout,
-        )
+        # The guard's round trip runs while the state opens and both sides list.
+        checking = (asyncio.ensure_future(guard(conduit, local_root, remote_root))
+                    if guard is not None else None)
         try:
-            run_id = f"{time.time_ns():020d}-{os.getpid()}"
-            inputs = PassInputs(opts, session, state, local_root, remote_root, run_id,
-                                time.time_ns(), StagingSink(state.staging / run_id))
+            state = PairState.open(
+                opts.state_dir, str(local_root), conduit.identity, remote_root,
+                lock_timeout=opts.lock_timeout,
+            )
             try:
-                await _pass(inputs, report, plan_filter, walk)
-                ok = True
+                run_id = f"{time.time_ns():020d}-{os.getpid()}"
+                inputs = PassInputs(opts, session, state, local_root, remote_root, run_id,
+                                    time.time_ns(), StagingSink(state.staging / run_id))
+                try:
+                    await _pass(inputs, report, plan_filter, walk, checking)
+                    ok = True
+                finally:
+                    shutil.rmtree(inputs.sink.dir, ignore_errors=True)
             finally:
-                shutil.rmtree(inputs.sink.dir, ignore_errors=True)
+                state.close()
         finally:
-            state.close()
+            if checking is not None and not checking.done():
+                checking.cancel()  # its own ``finally`` removes what it wrote
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await checking
     finally:
         if not ok:
             # A pass that failed may have left the stream mid-request: never reuse it.
@@ -158,9 +168,14 @@ async def _pass(
     inputs: PassInputs, report: Report,
     plan_filter: Callable[[list[Action]], list[Action]] | None,
     walk: planning.Walk | None,
+    checking: Awaitable[None] | None = None,
 ) -> None:
     opts = inputs.opts
+    if checking is not None and inputs.state.journal_path.exists():
+        await checking  # the recovery in ``scan`` changes the host tree
     scans = await planning.scan(inputs, walk)
+    if checking is not None:
+        await checking  # before anything is fetched or applied
     report.excluded = scans.excluded
     planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),
