@@ -1,8 +1,6 @@
 """``python -m filesync.cli``: the command line."""
 
-import sys
-
-from filesync.cli.main import main
+from filesync.cli.main import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -7,13 +7,16 @@ safety guard. Expected failures print one line, ``filesync: error: ...``.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from filesync.errors import FilesyncError, UsageError
 from filesync.version import __version__
@@ -204,6 +207,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except BaseException as exc:
         return handle_failure(exc, json_mode)
+
+
+def run() -> NoReturn:
+    """The ``filesync`` command (console script, ``python -m filesync``): ``main``, then
+    the process ends.
+
+    It ends without the interpreter's teardown (freeing every module and object: about
+    20 ms of a cold run) whenever that is safe: output flushed, no other thread running.
+    By then every file filesync wrote is closed and synced and the state databases are
+    closed; the ``atexit`` handlers still run (a login nobody took over is ended, coverage
+    data is saved). Otherwise it exits as ``sys.exit`` does.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)  # a closed or broken pipe: Python's own exit reports it
+    if threading.active_count() == 1:
+        atexit._run_exitfuncs()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:

@@ -1,0 +1,67 @@
+"""``filesync.cli.main.run``, the ``filesync`` command's entry: the process ends without
+the interpreter's teardown only when that loses nothing. Output is complete, the exit code
+is ``main``'s, ``atexit`` handlers run, and a thread still running is waited for (then
+the normal exit is taken)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from synctree import write
+
+
+def _run(code: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+RUN = "import sys; sys.argv[0] = 'filesync'; from filesync.cli.main import run; "
+
+
+def test_output_and_exit_code_are_main_s(tmp_path: Path) -> None:
+    write(tmp_path / "local" / "a.txt", "a\n")
+    argv = ["push", str(tmp_path / "local"), str(tmp_path / "remote"), "--json",
+            "--state-dir", str(tmp_path / "state")]
+    done = _run(RUN + "run()", *argv)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["uploaded"] == 1  # the whole document, flushed
+    assert (tmp_path / "remote" / "a.txt").read_text() == "a\n"
+    # The state was complete: the next run has nothing to do.
+    again = _run(RUN + "run()", *argv)
+    assert json.loads(again.stdout)["uploaded"] == 0
+    bad = _run(RUN + "run()", "push", "--no-such-option")
+    assert bad.returncode == 2 and "no-such-option" in bad.stderr
+
+
+def _push(tmp: Path) -> list[str]:
+    """A push that main returns from (``--version`` and ``--help`` exit inside argparse)."""
+    write(tmp / "local" / "a.txt", "a\n")
+    return ["push", str(tmp / "local"), str(tmp / "remote"), "--json",
+            "--state-dir", str(tmp / "state")]
+
+
+def test_atexit_handlers_run(tmp_path: Path) -> None:
+    code = ("import atexit; atexit.register(lambda: print('handler ran', flush=True)); "
+            + RUN + "run()")
+    done = _run(code, *_push(tmp_path))
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == "handler ran"
+
+
+def test_a_thread_still_running_is_waited_for(tmp_path: Path) -> None:
+    # The thread prints once the main thread has ended (Python's own exit marks it so
+    # before it waits for the other threads): a process ended early never prints it.
+    code = ("import threading, time\n"
+            "def late():\n"
+            "    while threading.main_thread().is_alive():\n"
+            "        time.sleep(0.01)\n"
+            "    print('thread finished', flush=True)\n"
+            "threading.Thread(target=late).start()\n"
+            + RUN + "run()")
+    done = _run(code, *_push(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert json.loads(lines[0])["uploaded"] == 1 and lines[1:] == ["thread finished"]
