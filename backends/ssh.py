@@ -1,7 +1,8 @@
 """``SSHTerminal``: run an agent's commands on a remote host, with its trees synced.
 
 Setup refuses a mapping whose local root is missing (before connecting), connects once
-(the user's OpenSSH config, host-key checks), pushes every mapping, and snapshots the
+(the OpenSSH client by default, the user's config and host keys as ``ssh`` applies them;
+``ssh_client="asyncssh"`` for the in-process client), pushes every mapping, and snapshots the
 environment of one remote login shell with the launch PATH restored. Commands then run over
 the same connection. Leaving the block is the teardown hook: every remote process the
 terminal started is killed (background, cancelled or timed-out commands alike: see
@@ -42,6 +43,7 @@ from filesync import (
     default_state_dir,
     drop_session,
 )
+from filesync.transport.target import ConnectOptions, Target, open_conduit
 
 from ._paths import StrPath, local_path, optional_local_path, remote_path
 from ._remote import TAG_VAR, Commands, Tracked
@@ -99,6 +101,7 @@ class SSHTerminal:
         state_dir: StrPath | None = None,
         exclude: Sequence[str] = (),
         accept_new_host_key: bool = False,
+        ssh_client: str | None = None,
     ) -> None:
         self.host, self.user, self.port = host, user, port
         self.ssh_config = optional_local_path(ssh_config)
@@ -112,6 +115,9 @@ class SSHTerminal:
         self.state_dir = local_path(state_dir) if state_dir is not None else default_state_dir()
         self.exclude = list(exclude)
         self.accept_new_host_key = accept_new_host_key
+        #: "openssh" or "asyncssh"; None: $FILESYNC_SSH_CLIENT, else OpenSSH whenever an
+        #: ``ssh`` binary is on PATH (the CLI's rule, docs/ssh.md)
+        self.ssh_client = ssh_client
         self.env: dict[str, str] = {}
         self._base_env: dict[str, str] = {}
         self._child_env: dict[str, str] = {}
@@ -127,13 +133,14 @@ class SSHTerminal:
     # -- setup and teardown -----------------------------------------------------
 
     async def __aenter__(self) -> SSHTerminal:
-        from filesync import SshTarget
-        from filesync import connect_ssh as connect
-
         self._check_local_roots()
-        self._conduit = await connect(
-            SshTarget(self.host, self.user, self.port), ssh_config=self.ssh_config,
-            identity=self.identity, accept_new_host_key=self.accept_new_host_key,
+        # One connection for the terminal: over OpenSSH, one master (the user's own when
+        # their config multiplexes) and each command a multiplexed session on it.
+        self._conduit = await open_conduit(
+            Target("ssh", ".", self.host, self.user, self.port),
+            ConnectOptions(ssh_config=self.ssh_config, identity=self.identity,
+                           accept_new_host_key=self.accept_new_host_key,
+                           ssh_client=self.ssh_client),
         )
         self._commands = Commands(self._conduit)
         # A terminal runs many passes on one connection (setup, sync before commands,

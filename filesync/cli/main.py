@@ -119,7 +119,7 @@ def _common(
     p.add_argument("--accept-new-host-key", action="store_true",
                    help="store an unknown host key (a changed key is always refused)")
     p.add_argument("--ssh-client", choices=("openssh", "asyncssh"),
-                   default=os.environ.get("FILESYNC_SSH_CLIENT") or None,
+                   default=None,
                    help="SSH client: the system ssh (default when found) or the built-in"
                    " asyncssh (env FILESYNC_SSH_CLIENT)")
     p.add_argument("--via", metavar="CMD",

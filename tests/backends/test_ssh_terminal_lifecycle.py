@@ -200,3 +200,34 @@ async def test_local_path_parameters_take_str_and_expand_the_tilde(
     assert (box.home / "prof" / "tmp").is_dir()
     assert (home / "state").is_dir()
     assert not list(tmp_path.glob("~*")) and not list(home.glob("~*"))
+
+
+# -- the SSH client -----------------------------------------------------------------------------
+
+
+async def test_one_login_for_the_whole_terminal_on_either_client(
+    box: Any, tmp_path: Path, ssh_client: str
+) -> None:
+    def logins() -> int:
+        return int(box.sshd_log.read_text(errors="replace").count("Accepted publickey"))
+
+    local = tmp_path / "skills"
+    write(local / "a.md", "a\n")
+    before = logins()
+    async with _term(box, tmp_path, mappings=[Mapping(local, "skills")]) as t:
+        client = type(t._conduit).__module__.rsplit(".", 1)[-1]
+        assert client == {"openssh": "openssh", "asyncssh": "conduit"}[ssh_client]
+        await t.run("echo one")
+        p = await t.spawn("echo two")
+        assert (await p.wait()).stdout.strip().endswith("two")
+    # Setup push, env snapshot, commands, kill sweep and teardown pull: one connection.
+    assert logins() == before + 1
+    assert snapshot(box.home / "skills") == {"a.md": b"a\n"}
+
+
+async def test_ssh_client_names_are_checked(box: Any, tmp_path: Path) -> None:
+    from filesync import UsageError
+
+    with pytest.raises(UsageError, match=r"ssh client .putty. is not a client"):
+        async with _term(box, tmp_path, ssh_client="putty"):
+            pass

@@ -118,7 +118,8 @@ def choose_client(requested: str | None) -> str:
     ``TransportError`` when openssh is asked for but there is no ``ssh``."""
     choice = requested or os.environ.get(ENV_CLIENT, "")
     if choice and choice not in CLIENTS:
-        raise UsageError(f"{ENV_CLIENT}={choice!r} is not a client; set it to openssh or asyncssh")
+        where = f"ssh client {choice!r}" if requested else f"{ENV_CLIENT}={choice!r}"
+        raise UsageError(f"{where} is not a client; set it to openssh or asyncssh")
     if not choice:
         return "openssh" if shutil.which("ssh") else "asyncssh"
     if choice == "openssh" and not shutil.which("ssh"):
