@@ -214,7 +214,8 @@ def run() -> NoReturn:
     the process ends.
 
     It ends without the interpreter's teardown (freeing every module and object: about
-    20 ms of a cold run) whenever that is safe: output flushed, no other thread running.
+    20 ms of a cold run) whenever that is safe: output flushed, no other thread running, no
+    profiler or debugger attached.
     By then every file filesync wrote is closed and synced and the state databases are
     closed; the ``atexit`` handlers still run (a login nobody took over is ended, coverage
     data is saved). Otherwise it exits as ``sys.exit`` does.
@@ -225,7 +226,8 @@ def run() -> NoReturn:
         sys.stderr.flush()
     except (OSError, ValueError):
         sys.exit(code)  # a closed or broken pipe: Python's own exit reports it
-    if threading.active_count() == 1:
+    # A profiler or debugger (cProfile, pdb) reports after the program returns: not skipped.
+    if threading.active_count() == 1 and sys.getprofile() is None and sys.gettrace() is None:
         atexit._run_exitfuncs()
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

@@ -65,3 +65,14 @@ def test_a_thread_still_running_is_waited_for(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert json.loads(lines[0])["uploaded"] == 1 and lines[1:] == ["thread finished"]
+
+
+def test_a_profiler_still_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "run.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "filesync",
+                           *_push(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["uploaded"] == 1
+    import pstats
+
+    assert pstats.Stats(str(out)).total_calls > 0
