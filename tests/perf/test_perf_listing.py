@@ -520,9 +520,22 @@ def test_all_safe_never_passes_an_unsafe_name(paths: list[str]) -> None:
         assert all(unsafe_reason(p) is None for p in paths)
 
 
+ASCII_NAMES = st.lists(
+    st.text(alphabet=["a", ".", "/", "\x00", "\x1f", "\x7f", "\t"], max_size=6),
+    max_size=4,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ASCII_NAMES)
+def test_all_safe_is_exact_for_ascii_names_without_newlines(paths: list[str]) -> None:
+    assert all_safe(paths) == all(unsafe_reason(p) is None for p in paths)
+
+
 def test_all_safe_passes_ordinary_names() -> None:
     assert all_safe(["a", ".hidden", "d/.x", "d/e/f.txt", "a..b", "x/..y/z"])
-    for bad in ("", "/a", "a//b", "a/", "./a", "a/../b", "a/..", "..", "a\nb", "a\x7fb", "é"):
+    for bad in ("", "/a", "a//b", "a/", "./a", "a/../b", "a/..", "..", ".", "a/./b", "a/.",
+                "../a", "a\nb", "a\x7fb", "a\tb", "\x00", "é"):
         assert not all_safe(["ok", bad]), bad
 
 
