@@ -611,3 +611,48 @@ def test_a_command_failing_before_it_connects_ends_its_begun_login(
     while (left := _running_with(result["dirs"][0].encode())) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left
+
+
+# --------------------------------------------------------------------------- bulk pipes
+
+
+def _pipe_size(transport: object) -> int:
+    import fcntl
+
+    pipe = transport.get_extra_info("pipe")  # type: ignore[attr-defined]
+    return int(fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ))
+
+
+async def test_only_pipes_that_carry_bulk_data_are_widened(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    from filesync.transport.ssh.openssh import _PIPE_SIZE
+
+    config = tmp_path / "config"
+    config.write_text(block("bulk", sshd))
+    conduit = await openssh.connect("bulk", ssh_config=config)
+    try:
+        small = await conduit.start("cat > /dev/null")
+        bulk = await conduit.start("head -c 300000 /dev/zero; cat > /dev/null")
+        default = _pipe_size(small._proc.stdin.transport)  # type: ignore[attr-defined]
+        await small.write(b"x" * 100)
+        assert _pipe_size(small._proc.stdin.transport) == default < _PIPE_SIZE  # type: ignore[attr-defined]
+        await bulk.write(b"x" * (512 << 10))
+        assert _pipe_size(bulk._proc.stdin.transport) == _PIPE_SIZE  # type: ignore[attr-defined]
+        assert await bulk.readexactly(300000) == bytes(300000)
+        out = bulk._proc._transport.get_pipe_transport(1)  # type: ignore[attr-defined]
+        assert _pipe_size(out) == _PIPE_SIZE
+        for proc in (small, bulk):
+            await proc.write_eof()
+            assert await proc.wait() == 0
+    finally:
+        await conduit.close()
+
+
+def test_the_helper_widens_its_own_pipes() -> None:
+    code = ("import fcntl, sys; from filesync.tree.server import _widen_pipes; _widen_pipes(); "
+            "print(fcntl.fcntl(0, fcntl.F_GETPIPE_SZ), fcntl.fcntl(1, fcntl.F_GETPIPE_SZ))")
+    done = subprocess.run([sys.executable, "-c", code], input="", capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(1 << 20)] * 2

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -70,6 +71,24 @@ __all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "Pending", "begin", "choos
 
 _STDERR_KEEP = 1 << 20
 _MASTER_LOG_KEEP = 1 << 20
+#: A transfer this large widens its pipe to ``_PIPE_SIZE`` (one whole data frame): ssh and
+#: filesync then move a frame in one system call each instead of sixteen 64 KiB rounds
+#: (1 GiB push: -15 % wall time with the helper's own pipes widened too). Only pipes that
+#: carry bulk data grow: the kernel counts every pipe's size against a per-user budget,
+#: and a terminal's many small commands must not spend it.
+_BULK = 256 << 10
+_PIPE_SIZE = 1 << 20
+
+
+def _widen(pipe: object) -> None:
+    """Grow ``pipe`` (an asyncio pipe transport) to ``_PIPE_SIZE``; best effort (Linux
+    only, and within the user's pipe budget)."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    get = getattr(pipe, "get_extra_info", None)
+    raw = get("pipe") if get is not None else None
+    if setsize is not None and raw is not None:
+        with contextlib.suppress(OSError, ValueError):
+            fcntl.fcntl(raw.fileno(), setsize, _PIPE_SIZE)
 
 
 # --------------------------------------------------------------------------- processes
@@ -83,6 +102,7 @@ class OpenSshProcess(RemoteProcess):
         self._conduit = conduit
         self._stderr = bytearray()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+        self._wide_in = self._wide_out = False
 
     async def _drain_stderr(self) -> None:
         # An unread stderr pipe would fill up and stall the remote command.
@@ -95,6 +115,9 @@ class OpenSshProcess(RemoteProcess):
 
     async def write(self, data: bytes) -> None:
         assert self._proc.stdin is not None
+        if len(data) >= _BULK and not self._wide_in:
+            self._wide_in = True
+            _widen(self._proc.stdin.transport)
         try:
             self._proc.stdin.write(data)
             await self._proc.stdin.drain()
@@ -109,6 +132,10 @@ class OpenSshProcess(RemoteProcess):
 
     async def readexactly(self, n: int) -> bytes:
         assert self._proc.stdout is not None
+        if n >= _BULK and not self._wide_out:
+            self._wide_out = True
+            transport = getattr(self._proc, "_transport", None)  # no public way to it
+            _widen(transport.get_pipe_transport(1) if transport is not None else None)
         try:
             data = await self._proc.stdout.readexactly(n)
         except asyncio.IncompleteReadError as exc:
