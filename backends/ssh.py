@@ -42,8 +42,8 @@ from filesync import (
     SessionReport,
     default_state_dir,
     drop_session,
+    open_ssh,
 )
-from filesync.transport.target import ConnectOptions, Target, open_conduit
 
 from ._paths import StrPath, local_path, optional_local_path, remote_path
 from ._remote import TAG_VAR, Commands, Tracked
@@ -136,11 +136,10 @@ class SSHTerminal:
         self._check_local_roots()
         # One connection for the terminal: over OpenSSH, one master (the user's own when
         # their config multiplexes) and each command a multiplexed session on it.
-        self._conduit = await open_conduit(
-            Target("ssh", ".", self.host, self.user, self.port),
-            ConnectOptions(ssh_config=self.ssh_config, identity=self.identity,
-                           accept_new_host_key=self.accept_new_host_key,
-                           ssh_client=self.ssh_client),
+        self._conduit = await open_ssh(
+            self.host, user=self.user, port=self.port, ssh_config=self.ssh_config,
+            identity=self.identity, accept_new_host_key=self.accept_new_host_key,
+            ssh_client=self.ssh_client,
         )
         self._commands = Commands(self._conduit)
         # A terminal runs many passes on one connection (setup, sync before commands,

@@ -39,7 +39,8 @@ def _b(n: float) -> str:
 def targets_table(res: dict[str, Any]) -> str:
     rows = ["| target | goal | measured | met |", "|---|---|---|---|"]
     for t in res.get("targets", []):
-        met = {True: "**met**", False: "not met", None: "not run"}[t["met"]]
+        met = ("reported" if t.get("info") else
+               {True: "**met**", False: "not met", None: "not run"}[t["met"]])
         rows.append(f"| {t['name']} | {t['target']} | {t['measured'] or '-'} | {met} |")
     return "\n".join(rows)
 

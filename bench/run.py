@@ -160,12 +160,47 @@ def tree_cpu(pids: Iterable[int]) -> float:
     return total / _CLK_TCK
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux). filesync's ssh
+    master daemonizes (``ssh -f``); as an orphan it is reparented here, so its CPU (the
+    key exchange and every byte's encryption) is reaped by ``reap_orphans`` and counted as
+    the client CPU of the run that started it, as rsync's ssh child is counted for rsync."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    return False
+
+
+def reap_orphans(keep: Iterable[int] = ()) -> float:
+    """Reap the ended orphans reparented here; their CPU seconds (user + sys, with their
+    own reaped children). ``keep``: children the bench started and waits for itself (the
+    sshd containers); the loop stops at the first of them."""
+    kept = set(keep)
+    total = 0.0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if info is None or info.si_pid in kept:
+            break
+        _pid, _status, ru = os.wait4(info.si_pid, 0)
+        total += ru.ru_utime + ru.ru_stime
+    return total
+
+
 def wire_of(boxes: Iterable[sshd.SshdContainer]) -> int:
     return sum(b.wire_bytes() for b in boxes)
 
 
 def run_cmd(argv: Sequence[str] | str, env: dict[str, str], boxes: Sequence[sshd.SshdContainer],
-            *, stdin: Path | None = None, check: bool = True, remote_cpu: bool = True) -> Sample:
+            *, stdin: Path | None = None, check: bool = True, remote_cpu: bool = True,
+            keep: Iterable[int] = ()) -> Sample:
     """Run one command (a string is a shell command line) and measure it.
 
     Wall time around fork..wait4; the process's CPU time (with its waited-for children) from
@@ -187,6 +222,7 @@ def run_cmd(argv: Sequence[str] | str, env: dict[str, str], boxes: Sequence[sshd
             wait_sessions_gone(boxes)
             rc0 = sum(reaped_cpu(b) for b in boxes)
         w0 = wire_of(boxes)
+        reap_orphans(keep)  # what ended before this run (a stopped agent) is not its CPU
         t0 = time.perf_counter()
         proc = subprocess.Popen(full, env=env, stdin=fin, stdout=out, stderr=err,
                                 start_new_session=True)
@@ -198,6 +234,9 @@ def run_cmd(argv: Sequence[str] | str, env: dict[str, str], boxes: Sequence[sshd
             timer.cancel()
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
+        # The command's orphans that ended with it: filesync's ssh master (ended by the
+        # run before it exits, so it is at most a zombie now).
+        orphan_cpu = reap_orphans(keep)
         wire = wire_of(boxes) - w0
         rcpu = None
         if remote_cpu and wait_sessions_gone(boxes):
@@ -209,7 +248,7 @@ def run_cmd(argv: Sequence[str] | str, env: dict[str, str], boxes: Sequence[sshd
         maxrss_kib = 0.0
         with contextlib.suppress(OSError, ValueError, IndexError):
             maxrss_kib = float(rss_file.read_text().split()[-1])
-    sample = Sample(wall, ru.ru_utime + ru.ru_stime, maxrss_kib / 1024, wire,
+    sample = Sample(wall, ru.ru_utime + ru.ru_stime + orphan_cpu, maxrss_kib / 1024, wire,
                     proc.returncode, stdout, rcpu)
     if check and proc.returncode != 0:
         shown = argv if isinstance(argv, str) else shlex.join(argv)
@@ -391,7 +430,8 @@ class Bench:
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
         kept = [k for b in boxes for k in b.session_pids() if k in KEPT_SESSIONS]
         a0, r0 = (tree_cpu([pid]) if pid else 0.0), tree_cpu(kept)
-        sample = run_cmd([*argv, "--persist", "1800"], self.agent_env, boxes, remote_cpu=False)
+        sample = run_cmd([*argv, "--persist", "1800"], self.agent_env, boxes, remote_cpu=False,
+                         keep=self.own_children())
         pid = pid or self.agent_pid()
         if pid:
             sample.cpu += tree_cpu([pid]) - a0
@@ -427,7 +467,11 @@ class Bench:
     def run(self, argv: Sequence[str] | str, *, boxes: Sequence[sshd.SshdContainer] | None = None,
             stdin: Path | None = None, remote_cpu: bool = True) -> Sample:
         return run_cmd(argv, self.env, boxes if boxes is not None else [self.box], stdin=stdin,
-                       remote_cpu=remote_cpu)
+                       remote_cpu=remote_cpu, keep=self.own_children())
+
+    def own_children(self) -> set[int]:
+        """The children the bench waits for itself: the sshd containers' processes."""
+        return {b._proc.pid for b in self.boxes if b._proc is not None}
 
     def remote(self, name: str, box: sshd.SshdContainer | None = None) -> Path:
         """Host path of ``~/name`` on the remote."""
@@ -1073,78 +1117,56 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         m = steps.get(step, {}).get("median", {}).get(tool)
         return m["wall"] if m else None
 
-    # Every CLI target twice: the plain CLI, and the same CLI with --persist (the opt-in agent
-    # that keeps connections open, which the issue allows where in-process falls short).
-    both = (("filesync", ""), (AGENT, " [--persist]"))
-    # The cold targets of the OpenSSH-transport issue, for the plain CLI over each client
-    # (the system ssh is the default; asyncssh on request) and through --persist.
-    cold = (("filesync", ""), (ASYNC, " [asyncssh]"), (AGENT, " [--persist]"))
-    for tool, tag in cold:
-        add(f"cold initial push vs rsync{tag}", "<= 0.7x rsync",
-            ratio("initial", f"{tool}/rsync"), 0.7)
-    for tool, tag in cold:
-        limit = 0.35 if tool == AGENT else 0.9
-        add(f"cold no-op push vs rsync{tag}", f"<= {limit}x rsync",
-            ratio("noop", f"{tool}/rsync"), limit)
-    for tool, tag in cold:
-        add(f"cold pull vs rsync{tag}", "<= 0.9x rsync", ratio("pull", f"{tool}/rsync"), 0.9)
-    for tool, tag in both:
-        add(f"cold pull vs old sync-back{tag}", "<= 0.2x old",
-            ratio("pull", f"{tool}/old sync-back"), 0.2)
-    pull = steps.get("pull")
-    for tool, tag in both:
-        if pull and tool in pull["median"]:
-            wire = pull["median"][tool]["wire"]
-            limit = pull["wire_limit"]
-            out.append({"name": f"pull wire bytes{tag}", "target": "<= 1.2x changed + 64 KiB "
-                        f"(= {limit / 1024:.0f} KiB)", "value": wire,
-                        "limit": limit,
-                        "measured": f"{wire / 1024:.0f} KiB ({wire / pull['changed_bytes']:.1f}x "
-                        f"the {pull['changed_bytes'] / 1024:.0f} KiB changed)",
-                        "met": wire <= limit})
-        else:
-            add(f"pull wire bytes{tag}", "<= 1.2x changed + 64 KiB", None, 0)
-    warm_base = "filesync (open connection)/rsync (ControlMaster)"
-    add("warm no-op sync vs rsync over ControlMaster", "<= 0.5x",
-        ratio("warm_noop", warm_base), 0.5)
-    w = wall("warm_noop", "filesync (open connection)")
-    add("warm no-op sync, absolute", "<= 50 ms", None if w is None else w * 1000, 50, "ms")
-    add("warm pull vs rsync over ControlMaster", "<= 0.5x", ratio("warm_pull", warm_base), 0.5)
-    big = [k for k in steps if k.startswith("scale_") and k.endswith("_noop")]
-    big_noop = max(big, key=lambda k: steps[k].get("files", 0)) if big else None
-    for tool, tag in both:
-        add(f"{big_noop and steps[big_noop]['files'] // 1000}k-file no-op push vs rsync{tag}"
-            if big_noop else f"100k-file no-op push vs rsync{tag}", "<= 1.0x rsync",
-            ratio(big_noop, f"{tool}/rsync") if big_noop else None, 1.0)
-    g = res.get("scale_growth", {}).get("growth", {})
-    for tool, tag in both:
-        add(f"no-op push growth 10k -> 100k files{tag}", "<= 11x", g.get(f"noop {tool}"), 11)
-        add(f"initial push growth 10k -> 100k files{tag}", "<= 11x",
-            g.get(f"initial {tool}"), 11)
+    # The OpenSSH-transport issue's targets: the plain CLI (no agent, no master of the
+    # user's), over both clients where the step runs both, plus the two --persist targets.
+    clients = (("filesync", ""), (ASYNC, " [asyncssh]"))
+    for tool, tag in clients:
+        add(f"cold initial push{tag}", "<= 0.7x rsync", ratio("initial", f"{tool}/rsync"), 0.7)
+    for tool, tag in clients:
+        add(f"cold no-op push{tag}", "<= 0.9x rsync", ratio("noop", f"{tool}/rsync"), 0.9)
+    for tool, tag in clients:
+        add(f"cold pull of 10 remote edits{tag}", "<= 0.9x rsync",
+            ratio("pull", f"{tool}/rsync"), 0.9)
+    scale = [k for k in steps if k.startswith("scale_") and k.endswith("_noop")]
+    top = max(scale, key=lambda k: steps[k].get("files", 0)) if scale else "scale_100k_noop"
+    label = top[len("scale_"):-len("_noop")]
+    big_noop, big_init = top, f"scale_{label}_initial"
+    add(f"{label}-file no-op push", "<= 1.2x rsync", ratio(big_noop, "filesync/rsync"), 1.2)
+    add(f"{label}-file no-op push [--persist]", "<= 0.5x rsync",
+        ratio(big_noop, f"{AGENT}/rsync"), 0.5)
+    add(f"{label}-file initial push", "<= 1.0x rsync", ratio(big_init, "filesync/rsync"), 1.0)
+    init = steps.get(big_init, {}).get("median", {}).get("filesync")
+    add(f"{label}-file initial push, client peak RSS", "<= 150 MiB",
+        init["maxrss_mib"] if init else None, 150, "MiB")
     bf = steps.get("bigfile")
-    for tool, tag in both:
-        has = bool(bf) and tool in bf["peak_rss_mib"]
-        add(f"1 GiB push peak RSS{tag or ' (CLI)'}", "<= 150 MiB",
-            bf["peak_rss_mib"][tool] if has else None, 150, "MiB")
-    for tool, tag in both:
-        if bf and tool in bf["throughput_mib_s"]:
-            share = bf["throughput_mib_s"][tool] / bf["throughput_mib_s"]["ssh cat"]
-            out.append({"name": f"1 GiB push throughput vs ssh cat{tag}",
-                        "target": ">= 45% of ssh cat", "value": round(share, 4), "limit": 0.45,
-                        "higher_is_better": True,
-                        "measured": f"{share * 100:.0f}% ({bf['throughput_mib_s'][tool]:.0f} "
-                        f"vs {bf['throughput_mib_s']['ssh cat']:.0f} MiB/s)",
-                        "met": share >= 0.45})
-        else:
-            add(f"1 GiB push throughput vs ssh cat{tag}", ">= 45% of ssh cat", None, 0)
+    if bf and "filesync" in bf["throughput_mib_s"]:
+        share = bf["throughput_mib_s"]["filesync"] / bf["throughput_mib_s"]["ssh cat"]
+        out.append({"name": "1 GiB push throughput (same cipher)",
+                    "target": ">= 80% of ssh cat", "value": round(share, 4), "limit": 0.8,
+                    "higher_is_better": True,
+                    "measured": f"{share * 100:.0f}% ({bf['throughput_mib_s']['filesync']:.0f} "
+                    f"vs {bf['throughput_mib_s']['ssh cat']:.0f} MiB/s)",
+                    "met": share >= 0.8})
+    else:
+        add("1 GiB push throughput (same cipher)", ">= 80% of ssh cat", None, 0)
+    add("1 GiB push, client peak RSS", "<= 100 MiB",
+        bf["peak_rss_mib"].get("filesync") if bf else None, 100, "MiB")
     fan = steps.get("fanout")
-    for tool, tag in both:
-        n = (fan or {}).get("hosts", 8)
-        key = f"{tool} {n} hosts/{tool} 1 host"
-        if fan and key in fan["ratios"]:
-            add(f"{fan['hosts']}-host fan-out vs 1 host{tag}", "<= 2x", fan["ratios"][key], 2.0)
-        else:
-            add(f"8-host fan-out vs 1 host{tag}", "<= 2x", None, 2.0)
+    n = (fan or {}).get("hosts", 8)
+    many = (fan or {}).get("median", {}).get(f"filesync {n} hosts")
+    one = (fan or {}).get("median", {}).get("filesync 1 host")
+    add(f"{n}-host fan-out, client CPU vs 1 host", "<= 2.5x",
+        many["cpu"] / one["cpu"] if many and one and one["cpu"] else None, 2.5)
+    add("--persist no-op push", "<= 0.35x rsync", ratio("noop", f"{AGENT}/rsync"), 0.35)
+    # Per-file cost, reported (the issue asks for the client CPU per 1,000 files).
+    for kind, key in (("initial", big_init), ("no-op", big_noop)):
+        med = steps.get(key, {}).get("median", {}).get("filesync")
+        files = steps.get(key, {}).get("files")
+        if med and files:
+            out.append({"name": f"client CPU per 1,000 files, {label} {kind} push",
+                        "target": "reported", "value": med["cpu"] / files * 1000,
+                        "measured": f"{med['cpu'] / files * 1000 * 1000:.1f} ms", "met": None,
+                        "info": True})
     return out
 
 
@@ -1231,6 +1253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"bench: missing tools: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if not become_subreaper():
+        print("bench: cannot become a child subreaper; filesync's daemonized ssh master "
+              "will be missing from its client CPU", file=sys.stderr)
     cfg = Config.smoke_cfg() if args.smoke else Config.full()
     if args.steps:
         cfg.steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())

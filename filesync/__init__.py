@@ -9,8 +9,10 @@ The public API is what ``__all__`` names; everything else is internal and may ch
 - ``run_pass`` runs one pass (push, pull or sync: ``Direction``) of one local root against
   one remote root over a ``Conduit``, with ``Options``, and returns a ``Report``;
   ``drop_session`` ends the remote helper a conduit keeps between passes;
-- ``connect_ssh(SshTarget(...))`` opens an SSH conduit; ``Conduit``/``RemoteProcess`` are
-  the protocols a custom transport implements;
+- ``open_ssh(host, ...)`` opens an SSH conduit with the CLI's client (the system OpenSSH
+  client wherever ``ssh`` exists, else asyncssh); ``connect_ssh(SshTarget(...))`` opens
+  one with asyncssh; ``Conduit``/``RemoteProcess`` are the protocols a custom transport
+  implements;
 - ``ExcludeRule`` is the one exclusion rule; ``default_state_dir`` where state lives;
 - ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
   together: the innermost mapping owns a path;
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from filesync.transport.base import Conduit, RemoteProcess
     from filesync.transport.ssh.conduit import SshTarget
     from filesync.transport.ssh.conduit import connect as connect_ssh
+    from filesync.transport.target import open_ssh
 
 #: Public name -> (module, attribute), imported on first access.
 _LAZY: dict[str, tuple[str, str]] = {
@@ -74,6 +77,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RemoteProcess": ("filesync.transport.base", "RemoteProcess"),
     "SshTarget": ("filesync.transport.ssh.conduit", "SshTarget"),
     "connect_ssh": ("filesync.transport.ssh.conduit", "connect"),
+    "open_ssh": ("filesync.transport.target", "open_ssh"),
 }
 
 __all__ = [
@@ -82,7 +86,8 @@ __all__ = [
     "Options", "PatternError", "RemoteProcess", "RemoteSilent", "Report", "SafetyRefusal",
     "SelfSync", "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
     "TransferFailed", "TransportError", "UsageError", "__version__", "connect_ssh",
-    "default_state_dir", "drop_session", "nested_excludes", "profile_snippet", "run_pass",
+    "default_state_dir", "drop_session", "nested_excludes", "open_ssh", "profile_snippet",
+    "run_pass",
 ]  # fmt: skip
 
 

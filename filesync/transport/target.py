@@ -150,3 +150,33 @@ async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
         connect_timeout=opts.connect_timeout,
         verbose=opts.log,
     )
+
+
+async def open_ssh(
+    host: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    ssh_config: str | os.PathLike[str] | None = None,
+    identity: str | os.PathLike[str] | None = None,
+    accept_new_host_key: bool = False,
+    ssh_client: str | None = None,
+    connect_timeout: float = 15.0,
+    log: Callable[[str], None] | None = None,
+) -> Conduit:
+    """An authenticated SSH conduit to ``host`` (a Host of the ssh config, or a hostname),
+    over the CLI's client: the system OpenSSH client whenever ``ssh`` is on PATH (the
+    user's whole config applies; one ControlMaster, every remote process a multiplexed
+    session on it), else asyncssh; ``ssh_client`` ("openssh", "asyncssh") or
+    ``$FILESYNC_SSH_CLIENT`` chooses. Paths take ``str`` or ``os.PathLike`` and expand
+    ``~``. Raises ``TransportError`` (one line: the cause and the fix) when it cannot log
+    in, ``UsageError`` for an unknown client. Close the conduit when done."""
+    def path(p: str | os.PathLike[str] | None) -> Path | None:
+        return None if p is None else Path(os.path.expanduser(os.fspath(p))).absolute()
+
+    return await open_conduit(
+        Target("ssh", ".", host, user, port),
+        ConnectOptions(ssh_config=path(ssh_config), identity=path(identity),
+                       accept_new_host_key=accept_new_host_key,
+                       connect_timeout=connect_timeout, log=log, ssh_client=ssh_client),
+    )

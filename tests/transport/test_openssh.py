@@ -656,3 +656,29 @@ def test_the_helper_widens_its_own_pipes() -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(1 << 20)] * 2
+
+
+# --------------------------------------------------------------------------- the public opener
+
+
+async def test_open_ssh_uses_the_cli_s_client_choice(
+    sshd: SshdContainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filesync import UsageError, open_ssh
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(sshd.ssh_config, home / "cfg")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("FILESYNC_SSH_CLIENT", raising=False)
+    for client, module in ((None, "openssh"), ("asyncssh", "conduit")):
+        # a str path with "~", as a framework would pass it
+        conduit = await open_ssh(sshd.alias, ssh_config="~/cfg", ssh_client=client)
+        try:
+            assert type(conduit).__module__.rsplit(".", 1)[-1] == module
+            done = await conduit.run("echo ok")
+            assert (done.returncode, done.stdout) == (0, b"ok\n")
+        finally:
+            await conduit.close()
+    with pytest.raises(UsageError, match="ssh client 'putty'"):
+        await open_ssh(sshd.alias, ssh_config="~/cfg", ssh_client="putty")
