@@ -60,6 +60,22 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return out
 
 
+def project_in_data(tmp: Path) -> Path:
+    """``tmp/data/project`` with two files, and a file beside it in ``tmp/data``: a local
+    root that a remote root can equal, contain or lie inside (the self-sync tests)."""
+    root = tmp / "data" / "project"
+    write(root / "a.md", "a\n")
+    write(root / "sub" / "b.md", "b\n")
+    write(tmp / "data" / "beside.md", "beside\n")
+    return root
+
+
+def files_with_mtimes(tmp: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``tmp`` but the state dir (``tmp/state``), with its mtime."""
+    return {rel: (data, os.stat(tmp / rel).st_mtime_ns)
+            for rel, data in snapshot(tmp).items() if not rel.startswith("state/")}
+
+
 @dataclass
 class Pair:
     """A local root, a remote root (local transport) and a private state dir."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from synctree import snapshot, write
+from synctree import files_with_mtimes, project_in_data, snapshot, write
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -24,17 +24,10 @@ def cli(*argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "data" / "project"
-    write(root / "a.md", "a\n")
-    write(root / "sub" / "b.md", "b\n")
-    write(tmp_path / "data" / "beside.md", "beside\n")
-    return root
+    return project_in_data(tmp_path)
 
 
-def _whole(tmp_path: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under tmp_path but the state dir, with its mtime."""
-    return {rel: (data, os.stat(tmp_path / rel).st_mtime_ns)
-            for rel, data in snapshot(tmp_path).items() if not rel.startswith("state/")}
+_whole = files_with_mtimes
 
 
 def _refused(code: int, out: str, err: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from sessionkit import Factory
-from synctree import snapshot, write
+from synctree import files_with_mtimes, project_in_data, snapshot, write
 
 from filesync import Mapping, SafetyRefusal, SelfSync, Session
 from filesync.core.reconcile import Kind
@@ -19,20 +19,10 @@ from filesync.session.selfsync import candidates
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "data" / "project"
-    write(root / "a.md", "a\n")
-    write(root / "sub" / "b.md", "b\n")
-    write(tmp_path / "data" / "beside.md", "beside\n")
-    return root
+    return project_in_data(tmp_path)
 
 
-def _whole(tmp_path: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under tmp_path except the sessions' own state, with its mtime."""
-    out = {}
-    for rel, data in snapshot(tmp_path).items():
-        if not rel.startswith("state/"):
-            out[rel] = (data, os.stat(tmp_path / rel).st_mtime_ns)
-    return out
+_whole = files_with_mtimes
 
 
 @pytest.mark.parametrize("remote", ["project", ".", "project/sub", "project/new/deeper"])
