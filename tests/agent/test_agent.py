@@ -181,6 +181,26 @@ def test_failures_through_the_agent_keep_their_line_and_exit_code(
     assert len(list(remote.rglob("f*.txt"))) == 30  # refused as a whole: nothing deleted
 
 
+@pytest.mark.sshd
+def test_self_sync_is_refused_through_the_agent_too(
+        sshd: SshdContainer, client: Client, tmp_path: Path) -> None:
+    # The agent runs the CLI's passes, and with them the CLI's self-sync check.
+    rel = f"agent-self-{uuid.uuid4().hex[:8]}"
+    local = sshd.home / rel
+    tree(local)
+    try:
+        before = snapshot(local)
+        for command in ("push", "pull", "sync"):
+            done = client.run(command, str(local), f"{sshd.alias}:{rel}", "-F",
+                              str(sshd.ssh_config))
+            assert done.returncode == 3, done.stderr
+            assert "same tree" in one_error_line(done)
+        assert snapshot(local) == before
+        assert client.status()["requests"] == 3  # all three ran in the agent
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def test_stale_agent_is_replaced_by_current_code(client: Client, tmp_path: Path) -> None:
     """An agent running other code (here: another interpreter path) is never used."""
     other_python = tmp_path / "python-old"
