@@ -26,7 +26,7 @@ from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload
-from filesync.tree.paths import resolve_root
+from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
     DIRECT,
     END_OK,
@@ -266,12 +266,14 @@ class HelperEndpoint:
         # Regular files, and the rows that are skipped (hard links, other kinds).
         files: dict[str, Entry] = {}
         odd: dict[str, Skipped] = {}
+        came: list[str] | None = None  # the names a delta brought in
         if "base" in reply:
             removed = reply.get("removed")
             if (base is None or type(reply["base"]) is not int or reply["base"] != base.gen
                     or type(removed) is not list):
                 raise self._garbage("delta listing against a listing never received")
             files, odd = dict(base.files), dict(base.odd)
+            came = [] if base.safe else None
             for rel in removed:
                 if type(rel) is not str or (
                     files.pop(rel, None) is None and odd.pop(rel, None) is None
@@ -290,13 +292,19 @@ class HelperEndpoint:
             if kind == FILE and nlink <= 1:
                 files[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
                 odd.pop(rel, None)
+                if came is not None:
+                    came.append(rel)
                 continue
             odd[rel] = Skipped.of(rel, Reason.NOT_REGULAR if kind != FILE else Reason.HARD_LINK)
             files.pop(rel, None)
+        # Unsafe names stay in the base (a later delta may remove them) and are filtered
+        # from the listing handed out; a delta to a base that was all safe only needs
+        # the names it brought in checked.
+        safe = all_safe(came) if came is not None else all_safe(files.keys())
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:
             # Kept as received: the listing handed out is a copy its user may change.
-            self._bases.put(key, _Base(gen, files, odd))
+            self._bases.put(key, _Base(gen, files, odd, safe))
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:
@@ -306,7 +314,8 @@ class HelperEndpoint:
             listing.skipped.append(Skipped.of(row[0], parse_reason(row[1]), _text(row[2])))
         listing.excluded = int(reply.get("excluded", 0))
         # The contract keeps unsafe names out of entries, so no caller can forget to.
-        filter_unsafe(listing)
+        if not safe:
+            filter_unsafe(listing)
         return listing
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
@@ -480,6 +489,8 @@ class _Base:
     gen: int
     files: dict[str, Entry]
     odd: dict[str, Skipped]
+    #: every name in ``files`` passes the path-safety rule
+    safe: bool = False
 
 
 def _wire_key(wire: dict[str, Any]) -> str:

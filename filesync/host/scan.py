@@ -108,8 +108,7 @@ def list_local(root: Path, rule: ExcludeRule, watch: bool = False) -> Listing:
     if watched is not None:
         listing = watched.listing()
         if listing is not None:
-            filter_unsafe(listing)
-            return listing
+            return listing  # unsafe names already filtered, by what changed
     rows, skipped, excluded = walk(str(root), rule.matcher())
     listing = Listing(str(root), True, excluded=excluded)
     for rel, kind, size, mtime_ns, mode, ino, _nlink in rows:
@@ -126,6 +125,8 @@ class _Watched:
     def __init__(self, tree: WatchedTree) -> None:
         self.tree = tree
         self.entries: dict[str, Entry] = {}
+        #: every name in ``entries`` passes the path-safety rule (kept per refresh)
+        self.safe = False
         self.lock = threading.Lock()
         self.failed = False
 
@@ -142,15 +143,20 @@ class _Watched:
                 return None
             if delta is None:
                 self.entries = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+                self.safe = all_safe(self.entries.keys())
             else:
                 changed, removed = delta
                 for rel in removed:
                     self.entries.pop(rel, None)
                 for r in changed:
                     self.entries[r[0]] = Entry(r[0], r[1], r[2], r[3], r[4], r[5])
+                # Only the names that came in can break a tree that was all safe.
+                self.safe = self.safe and all_safe([r[0] for r in changed])
             listing = Listing(self.tree.root, True, excluded=excluded)
             listing.entries = dict(self.entries)
             listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
+            if not self.safe:
+                filter_unsafe(listing)
             return listing
 
 

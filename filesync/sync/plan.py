@@ -6,7 +6,9 @@ in between but what the engine passes on. A path whose version is unknown this r
 is never read as deleted. Most files of a large tree are unchanged on all three sides;
 those are found by C-level passes over the listings (``_unchanged_remote``,
 ``_quiet``) that decide exactly what the per-file rules below decide
-(tests/perf/test_perf_plan.py swaps in the per-file rules and compares).
+(tests/perf/test_perf_plan.py swaps in the per-file rules and compares). A watched pass
+reuses the last pass's results of those two where their inputs compare equal
+(``sync.memo``).
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from filesync.host.journal import recover
 from filesync.host.scan import (
     RACY_NS,
     LocalScan,
-    filter_unsafe,
     hash_needed,
     list_local,
     scan_cached,
 )
 from filesync.host.state import Ancestor
 from filesync.sync.inputs import PassInputs, Planned, Scans
+from filesync.sync.memo import memo_for
 from filesync.tree.wire import Reason
 
 
@@ -124,14 +126,42 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
         listed = await walking
     if isinstance(listed, tuple):  # shared: judged against the shared walk's start
         listed, started_ns = listed
-    local = scan_cached(listed, old_cache, started_ns)
-    filter_unsafe(remote)
+    local = _scan_cached(inputs, listed, old_cache, started_ns)
+    # (No unsafe name is in ``remote``: the endpoint contract keeps them in ``skipped``,
+    # and ``tests/endpoint/test_contract.py`` holds both endpoints to it.)
     rfiles = remote.files()
     # Only files that will be compared with something are read now.
     (hash_needed if shared is None else shared.hash_needed)(
         local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
     return Scans(anc, local, remote, old_cache, remote.excluded + local.listing.excluded,
                  (*local.listing.skipped, *remote.skipped))
+
+
+def _scan_cached(inputs: PassInputs, listed: Listing,
+                 cache: dict[str, tuple[int, int, int, str]], started_ns: int) -> LocalScan:
+    """``scan_cached``, or for a watched pass with the listing and stat cache of the last
+    one its result again (``sync.memo``), as a new scan its user may change."""
+    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch)
+    kept = memo.get("scan", listed.entries, cache) if memo is not None else None
+    if isinstance(kept, _CachedScan):
+        scan = LocalScan(listed, started_ns=started_ns)
+        scan.hashes, scan.misses = dict(kept.hashes), list(kept.misses)
+        scan.cache_rows = dict(kept.cache_rows)
+        return scan
+    scan = scan_cached(listed, cache, started_ns)
+    if memo is not None:
+        memo.put("scan", _CachedScan(dict(scan.hashes), tuple(scan.misses),
+                                     dict(scan.cache_rows)), listed.entries, cache)
+    return scan
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedScan:
+    """What ``scan_cached`` found, as the memo keeps it (copies, never changed)."""
+
+    hashes: dict[str, str]
+    misses: tuple[str, ...]
+    cache_rows: dict[str, tuple[int, int, int, str]]
 
 
 def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
@@ -144,8 +174,15 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
     skipped: list[Skipped] = []
     # Most files of a large tree are unchanged: find those with C-level passes (in
     # listing order, which keeps memory access sequential), then give only the
-    # rest to the loop below, which decides exactly as it would for every file.
-    same = _unchanged_remote(anc, rfiles)
+    # rest to the loop below, which decides exactly as it would for every file. A
+    # watched pass whose ancestors and listing equal the last one's reuses its result.
+    memo = memo_for(str(inputs.local_root), inputs.remote_root, opts.watch)
+    kept = memo.get("same", anc, rfiles) if memo is not None else None
+    same: set[str] | frozenset[str]
+    if isinstance(kept, frozenset) and len(kept) == len(rfiles):
+        same = kept  # every listed file: the loop below has nothing to do
+    else:
+        same = set(kept) if isinstance(kept, frozenset) else _unchanged_remote(anc, rfiles)
     # (``same`` holds only listed paths: as many means all of them.)
     rest: Iterable[tuple[str, Entry]] = (
         rfiles.items() if not same
@@ -158,7 +195,7 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
         a = anc.get(rel)
         if a is not None and e.size == a.remote_size and e.mtime_ns == a.remote_mtime_ns \
                 and mode == a.mode and a.remote_mtime_ns < a.synced_ns - RACY_NS:
-            same.add(rel)
+            same.add(rel)  # type: ignore[union-attr]  # (a frozenset leaves no rest)
         elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
             known[rel] = Version(cache[rel][2], mode)
         elif e.size > opts.max_file_size and opts.direction is not Direction.PUSH:
@@ -170,6 +207,8 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
             continue  # remote-only and never pushed: push leaves it alone
         else:
             fetch.append(e)
+    if memo is not None and kept is None:
+        memo.put("same", frozenset(same), anc, rfiles)
     return RemoteVersions(known, same, fetch, tuple(skipped))
 
 
@@ -212,7 +251,15 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     anc, local = scans.ancestors, scans.local
     entries, hashes = local.listing.entries, local.hashes
     same, rfiles = versions.same, scans.remote.files()
-    quiet = _quiet(anc, local, rfiles, same)
+    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch)
+    kept = memo.get("quiet", same, anc, hashes, entries) if memo is not None else None
+    quiet: Set[str]
+    if isinstance(kept, frozenset):
+        quiet = kept
+    else:
+        quiet = _quiet(anc, local, rfiles, same)
+        if memo is not None:
+            memo.put("quiet", frozenset(quiet), same, anc, hashes, entries)
     # A path whose version is unknown this run is left out entirely; so is all
     # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
     unknown = {s.path for s in skipped}

@@ -1,0 +1,78 @@
+"""What the last watched pass of a pair found per path, reused while its inputs are equal.
+
+A watched session (``Options.watch``: the agent, the terminal backends, a long-lived
+``Session``) runs pass after pass over trees that mostly did not change. Two results of
+a pass are pure functions of a few dicts (``sync.plan``):
+
+- ``same``, the remote files unchanged since their last transfer, of the ancestors and
+  the remote listing;
+- ``quiet``, the paths in sync on all three sides, of ``same``, the ancestors, the host
+  hashes and the host listing;
+- the host hashes the stat cache vouches for (``host.scan.scan_cached``), of the host
+  listing and the stat cache.
+
+Each is kept with copies of exactly the inputs it came from and is handed out again only
+when the new inputs compare equal to them. Dict equality runs in C (an unchanged entry is
+the very same object, so most comparisons are one identity check), which is a small part
+of the Python loop over every path it replaces; any difference at all, in any input, is a
+miss and the result is computed afresh. So a result is never reused for inputs it was not
+computed from, and whatever these inputs do not hold (time, options) never enters them.
+
+Kept per pair (local root, remote root), for at most ``PAIRS`` pairs per process, and
+only for watched passes: a one-shot run would pay the copies for nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from typing import Any
+
+from filesync.tree.bounded import Bounded
+
+#: Pairs remembered per process (the agent serves a few, a fan-out one per remote).
+PAIRS = 8
+
+
+@dataclass(slots=True)
+class _Kept:
+    inputs: tuple[dict[Any, Any] | frozenset[Any], ...]
+    result: object
+
+
+class PassMemo:
+    """The kept results of one pair (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
+
+    def get(self, name: str, *inputs: Mapping[Any, Any] | Set[Any]) -> object | None:
+        """The result kept under ``name`` if it came from inputs equal to ``inputs``."""
+        kept = self._kept.get(name)
+        if kept is None or len(kept.inputs) != len(inputs):
+            return None
+        for old, new in zip(kept.inputs, inputs, strict=True):
+            if len(old) != len(new) or old != new:
+                return None
+        return kept.result
+
+    def put(self, name: str, result: object, *inputs: Mapping[Any, Any] | Set[Any]) -> None:
+        """Keep ``result`` (which its user never changes) with copies of the ``inputs``
+        it was computed from."""
+        copies = tuple(frozenset(i) if isinstance(i, Set) else dict(i) for i in inputs)
+        self._kept[name] = _Kept(copies, result)
+
+
+_PAIRS: Bounded[tuple[str, str], PassMemo] = Bounded(PAIRS)
+
+
+def memo_for(local_root: str, remote_root: str, watch: bool) -> PassMemo | None:
+    """The pair's memo in this process; None for a pass that is not watched."""
+    if not watch:
+        return None
+    key = (local_root, remote_root)
+    memo = _PAIRS.get(key)
+    if memo is None:
+        memo = PassMemo()
+        _PAIRS.put(key, memo)
+    return memo
