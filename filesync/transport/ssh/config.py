@@ -25,10 +25,10 @@ from pathlib import Path
 
 from filesync.errors import TransportError
 from filesync.transport.ssh._asyncssh import asyncssh
+from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
 
 __all__ = ["DEFAULT_PORT", "Resolved", "SshConfig", "SshTarget", "parse_jump"]
 
-DEFAULT_PORT = 22
 
 # Key files OpenSSH (and asyncssh) try when no IdentityFile is configured.
 _DEFAULT_KEY_NAMES = (
@@ -97,10 +97,7 @@ class Resolved:
 
     @property
     def label(self) -> str:
-        shown = self.host if self.port == DEFAULT_PORT else f"{self.host}:{self.port}"
-        if self.alias != self.host:
-            shown = f"{self.alias} ({shown})"
-        return f"{self.user}@{shown}"
+        return ssh_label(self.user, self.alias, self.host, self.port)
 
     def jump_hops(self) -> list[tuple[str | None, str, int | None]]:
         """The ProxyJump hops, first first; none without ProxyJump or with ``ProxyJump none``."""

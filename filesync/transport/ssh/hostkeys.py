@@ -27,7 +27,8 @@ from pathlib import Path
 
 from filesync.errors import TransportError
 from filesync.transport.ssh._asyncssh import asyncssh, reason
-from filesync.transport.ssh.config import DEFAULT_PORT
+from filesync.transport.ssh.destination import DEFAULT_PORT
+from filesync.transport.ssh.openssh_errors import unknown_host_key
 
 __all__ = ["HostKeys", "fmt_host"]
 
@@ -135,11 +136,6 @@ class HostKeys:
                     f"old key with `ssh-keygen -R '{self.lookup_host}' -f {self.changed_in}` "
                     "and rerun"
                 )
-            port_flag = "" if port == DEFAULT_PORT else f"-p {port} "
-            return TransportError(
-                f"host key of {name} is unknown ({self.offered.get_algorithm()} {fp}); after "
-                f"checking it, add it with `ssh-keyscan {port_flag}-t "
-                f"{_short_key_type(self.offered)} {host} >> {hk_file}`, "
-                "or rerun with --accept-new-host-key"
-            )
+            return unknown_host_key(name, f"{self.offered.get_algorithm()} {fp}", host, port,
+                                    _short_key_type(self.offered), hk_file)
         return TransportError(f"host key of {name} rejected ({reason(exc)}); check {hk_file}")

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from filesync.errors import TransportError
-
-DEFAULT_PORT = 22
+from filesync.transport.ssh.destination import DEFAULT_PORT
 
 _NOISE = (
     "debug",
@@ -210,12 +209,20 @@ def _unknown(stderr: str, ctx: Context, unknown: re.Match[str] | None) -> Transp
             f"known_hosts files ({ctx.known_hosts}) and StrictHostKeyChecking in your ssh config"
         )
     host, port = _host_port(unknown.group(2))
-    port_flag = "" if port == DEFAULT_PORT else f"-p {port} "
     algorithm, fingerprint = offered.group(1), offered.group(2)
+    return unknown_host_key(_who(ctx, host), f"{algorithm} {fingerprint}", host, port,
+                            _short_type(algorithm), ctx.known_hosts)
+
+
+def unknown_host_key(who: str, key: str, host: str, port: int, key_type: str,
+                     known_hosts: str) -> TransportError:
+    """The one line for an unknown host key, for either SSH client: the key, the exact
+    ``ssh-keyscan`` line that trusts it, and ``--accept-new-host-key``."""
+    port_flag = "" if port == DEFAULT_PORT else f"-p {port} "
     return TransportError(
-        f"host key of {_who(ctx, host)} is unknown ({algorithm} {fingerprint}); after "
-        f"checking it, add it with `ssh-keyscan {port_flag}-t {_short_type(algorithm)} {host} "
-        f">> {ctx.known_hosts}`, or rerun with --accept-new-host-key"
+        f"host key of {who} is unknown ({key}); after checking it, add it with "
+        f"`ssh-keyscan {port_flag}-t {key_type} {host} >> {known_hosts}`, "
+        "or rerun with --accept-new-host-key"
     )
 
 

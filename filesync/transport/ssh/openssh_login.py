@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import TransportError, UsageError
-from filesync.transport.ssh.openssh_errors import DEFAULT_PORT, Context
+from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
+from filesync.transport.ssh.openssh_errors import Context
 
 # Liveness when the user's config sets none: three missed 15 s probes end the master, so
 # a dead peer is noticed within a minute (ServerAliveCountMax's default is already 3).
@@ -157,10 +158,7 @@ class Resolved:
     @property
     def label(self) -> str:
         """``user@alias (host:port)`` as the asyncssh client spells it, for messages."""
-        shown = self.host if self.port == DEFAULT_PORT else f"{self.host}:{self.port}"
-        if self.alias != self.host:
-            shown = f"{self.alias} ({shown})"
-        return f"{self.user}@{shown}"
+        return ssh_label(self.user, self.alias, self.host, self.port)
 
     @property
     def identity(self) -> str:
