@@ -112,6 +112,9 @@ class PassSettings:
             warn=_warn,
             progress=progress,
             watch=self.watch,
+            # the agent (watch) runs the next pass of a pair in this process; the plain CLI
+            # never does
+            keep_state=self.watch,
             idle_timeout=self.idle_timeout,
         )
 

@@ -236,12 +236,17 @@ def hash_needed(scan: LocalScan, root: Path, needed: Callable[[str], bool]) -> N
 
 
 class HashingReader:
-    """Reads a file in chunks for upload, hashing exactly the bytes handed out."""
+    """Reads a file in chunks for upload, hashing exactly the bytes handed out.
+
+    The hasher lives only while the file is read: an upload of 100k files holds 100k
+    readers until the remote confirms them, and an xxh3 state is ~600 bytes.
+    """
+
+    __slots__ = ("_digest", "_first", "path", "progress", "size")
 
     def __init__(self, path: str | Path, progress: Callable[[int], None] | None = None,
                  size_hint: int = CHUNK) -> None:
         self.path = path
-        self.hasher = new_hasher()
         self.size = 0
         self.progress = progress
         self._digest: str | None = None
@@ -249,21 +254,24 @@ class HashingReader:
         self._first = min(CHUNK, max(size_hint, 0) + 1)
 
     def __call__(self) -> Iterator[bytes]:
+        hasher = new_hasher()
         fd = open_regular(self.path)
         try:
             want = self._first
             while chunk := os.read(fd, want):
                 want = CHUNK
-                self.hasher.update(chunk)
+                hasher.update(chunk)
                 self.size += len(chunk)
                 if self.progress is not None:
                     self.progress(len(chunk))
                 yield chunk
         finally:
             os.close(fd)
+            self._digest = str(hasher.hexdigest())
 
     @property
     def digest(self) -> str:
+        """The xxh3-128 of the bytes handed out (of none before the file was read)."""
         if self._digest is None:
-            self._digest = str(self.hasher.hexdigest())
+            self._digest = str(new_hasher().hexdigest())
         return self._digest

@@ -38,6 +38,7 @@ from filesync.host.scan import (
     LocalScan,
     hash_needed,
     list_local,
+    new_hasher,
     open_regular,
 )
 
@@ -180,6 +181,8 @@ class HostScans:
 class SharedReader(HashingReader):
     """A ``HashingReader`` that reads a file at most once for all remotes of a round."""
 
+    __slots__ = ("content", "stat", "uses")
+
     def __init__(self, path: str, progress: Callable[[int], None] | None, entry: Entry,
                  content: ContentCache, uses: int) -> None:
         super().__init__(path, progress, entry.size)
@@ -207,19 +210,20 @@ class SharedReader(HashingReader):
         self._digest = digest
 
     def _read(self, path: str) -> tuple[tuple[bytes, ...], str]:
+        hasher = new_hasher()
         fd = open_regular(path)
         try:
             chunks = []
             want = self._first
             while chunk := os.read(fd, want):
                 want = CHUNK
-                self.hasher.update(chunk)
+                hasher.update(chunk)
                 chunks.append(chunk)
             st = os.fstat(fd)
         finally:
             os.close(fd)
         out = tuple(chunks)
-        digest = str(self.hasher.hexdigest())
+        digest = str(hasher.hexdigest())
         if (st.st_size, st.st_mtime_ns, st.st_ino) == self.stat \
                 and sum(map(len, out)) == self.stat[0]:
             self.content.put(path, self.stat, out, digest, self.uses)

@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -167,6 +167,7 @@ class PairState:
         self._lock_fd = -1
         self.db: sqlite3.Connection | None = None
         self._mem: _Pooled | None = None
+        self._keep = True
 
     @classmethod
     def open(
@@ -177,8 +178,13 @@ class PairState:
         remote_root: str,
         *,
         lock_timeout: float = 0.0,
+        keep_reads: bool = True,
     ) -> PairState:
-        """Open (creating) the pair's state and take its lock, or raise ``LockBusy``."""
+        """Open (creating) the pair's state and take its lock, or raise ``LockBusy``.
+
+        ``keep_reads``: keep the tables read (and written) in memory for this process's
+        next pass of the pair (see ``_Pooled``); ``Options.keep_state`` says why not.
+        """
         directory = state_dir / "pairs" / pair_key(local_root, remote_identity, remote_root)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -188,6 +194,7 @@ class PairState:
                 "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
             ) from exc
         state = cls(directory)
+        state._keep = keep_reads
         try:
             state._lock(lock_timeout)
             state._connect()
@@ -236,6 +243,8 @@ class PairState:
             except BaseException:
                 db.close()
                 raise
+        if not self._keep:
+            pooled.forget_reads()  # not kept in step with this run's writes
         self.db = pooled.conn
         self._mem = pooled
 
@@ -298,7 +307,7 @@ class PairState:
         ).fetchall()
         make = Ancestor._make
         result = {r[0]: make(r[1:]) for r in rows}
-        if mem is not None:
+        if mem is not None and self._keep:
             mem.ancestors = result
             return dict(result)
         return result
@@ -306,14 +315,12 @@ class PairState:
     def put_ancestors(self, rows: Iterable[tuple[str, Ancestor]]) -> None:
         rows = list(rows)
         with self._write() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO ancestor VALUES (?,?,?,?,?,?,?)",
-                [(p, a.hash, a.size, a.mode, a.remote_size, a.remote_mtime_ns, a.synced_ns)
-                 for p, a in rows],
-            )
+            # A generator, not a list of parameter tuples: a batch's rows are not copied.
+            conn.executemany("INSERT OR REPLACE INTO ancestor VALUES (?,?,?,?,?,?,?)",
+                             ((p, *a) for p, a in rows))
         kept = self._mem.ancestors if self._mem is not None else None
         if kept is not None:
-            kept.update((p, Ancestor._make(a)) for p, a in rows)
+            kept.update(rows)
 
     def forget(self, paths: Iterable[str]) -> None:
         paths = list(paths)
@@ -332,7 +339,7 @@ class PairState:
             return dict(mem.local)
         rows = conn.execute("SELECT path, size, mtime_ns, ino, hash FROM local_cache")
         result: dict[str, tuple[int, int, int, str]] = {r[0]: r[1:] for r in rows.fetchall()}
-        if mem is not None:
+        if mem is not None and self._keep:
             mem.local = result
             return dict(result)
         return result
@@ -342,24 +349,26 @@ class PairState:
         with self._write() as conn:
             conn.execute("DELETE FROM local_cache")
             conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", rows)
-        if self._mem is not None:
+        if self._mem is not None and self._keep:
             self._mem.local = {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
     def update_local_cache(
-        self, upserts: Iterable[tuple[str, int, int, int, str]], deletes: Iterable[str]
+        self, upserts: Mapping[str, tuple[int, int, int, str]], deletes: Iterable[str]
     ) -> None:
-        """Write only what changed: a no-op run of 100k files writes nothing."""
-        rows, gone = list(upserts), [(p,) for p in deletes]
-        if not rows and not gone:
+        """Write only what changed (``path -> (size, mtime_ns, ino, hash)``): a no-op run
+        of 100k files writes nothing. The rows themselves are kept, not copies."""
+        gone = [(p,) for p in deletes]
+        if not upserts and not gone:
             return
         with self._write() as conn:
             conn.executemany("DELETE FROM local_cache WHERE path=?", gone)
-            conn.executemany("INSERT OR REPLACE INTO local_cache VALUES (?,?,?,?,?)", rows)
+            conn.executemany("INSERT OR REPLACE INTO local_cache VALUES (?,?,?,?,?)",
+                             ((p, *r) for p, r in upserts.items()))
         kept = self._mem.local if self._mem is not None else None
         if kept is not None:
             for (p,) in gone:
                 kept.pop(p, None)
-            kept.update((r[0], (r[1], r[2], r[3], r[4])) for r in rows)
+            kept.update(upserts)
 
     def remote_cache(self) -> dict[str, tuple[int, int, str]]:
         conn, mem = self.conn, self._mem
@@ -367,7 +376,7 @@ class PairState:
             return dict(mem.remote)
         rows = conn.execute("SELECT path, size, mtime_ns, hash FROM remote_cache")
         result = {r[0]: (r[1], r[2], r[3]) for r in rows}
-        if mem is not None:
+        if mem is not None and self._keep:
             mem.remote = result
             return dict(result)
         return result

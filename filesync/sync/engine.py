@@ -134,7 +134,7 @@ async def run_pass(
         try:
             state = PairState.open(
                 opts.state_dir, str(local_root), conduit.identity, remote_root,
-                lock_timeout=opts.lock_timeout,
+                lock_timeout=opts.lock_timeout, keep_reads=opts.keep_state,
             )
             try:
                 run_id = f"{time.time_ns():020d}-{os.getpid()}"

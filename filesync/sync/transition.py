@@ -4,9 +4,10 @@
 ``Transitioned``: what happened (confirmed transfers, conflicts saved, skips, failures),
 which the engine folds into its report, with one ``Change`` (``filesync.sync.changes``)
 per file, made when its side confirmed it. Order: stage what is still missing, save the
-losing versions of conflicts, change the remote (one delete request, one send stream),
-change the host (journaled, deletes before writes), then record ancestors and caches.
-Nothing is recorded before it is confirmed.
+losing versions of conflicts, change the remote (one delete request, then one send stream
+per ``UPLOAD_BATCH`` files, each recorded once confirmed), change the host (journaled,
+deletes before writes), then record ancestors and caches. Nothing is recorded before it
+is confirmed.
 """
 
 from __future__ import annotations
@@ -148,14 +149,39 @@ def save_copy(inputs: PassInputs, rel: str) -> Path:
     return dest.resolve()
 
 
+#: Uploads per send request. What a request holds until the remote confirms it (readers,
+#: outcomes, the decoded reply, ancestor rows: ~1 KB a file) is freed before the next is
+#: sent, so a 100k-file push peaks at one batch's worth of it, and what a batch confirmed
+#: is recorded before the next one starts. The remote keeps working across the boundary:
+#: only the reply's round trip is paid per batch.
+UPLOAD_BATCH = 4096
+
+
 async def _upload(
     inputs: PassInputs, scans: Scans, plan: list[Action], out: Transitioned
 ) -> dict[str, CacheRow]:
-    """Send the uploads in one stream; returns the cache rows of files first read here."""
+    """Send the uploads, ``UPLOAD_BATCH`` files per stream; returns the cache rows of
+    files first read here."""
     uploads = [a.path for a in plan if _ends_in(a, Kind.UPLOAD)]
     read_rows: dict[str, CacheRow] = {}
     if not uploads:
         return read_rows
+    bar = inputs.opts.progress
+    if bar is not None:
+        bar.begin("upload", sum(scans.local.listing.entries[rel].size for rel in uploads))
+    try:
+        for start in range(0, len(uploads), UPLOAD_BATCH):
+            await _upload_batch(inputs, scans, uploads[start:start + UPLOAD_BATCH], out,
+                                read_rows)
+    finally:
+        if bar is not None:
+            bar.end()
+    return read_rows
+
+
+async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
+                        out: Transitioned, read_rows: dict[str, CacheRow]) -> None:
+    """Send ``uploads`` in one stream and record what the remote confirmed."""
     readers: dict[str, HashingReader] = {}
     local = scans.local
     rfiles = scans.remote.files()
@@ -176,13 +202,7 @@ async def _upload(
             expect = (target.size, target.mtime_ns) if target else None
             yield SendItem(rel, entry.mode & 0o777, entry.mtime_ns, expect, reader)
 
-    if bar is not None:
-        bar.begin("upload", sum(entries[rel].size for rel in uploads))
-    try:
-        outcomes = await inputs.session.send(inputs.remote_root, items(), len(uploads))
-    finally:
-        if bar is not None:
-            bar.end()
+    outcomes = await inputs.session.send(inputs.remote_root, items(), len(uploads))
     rows = []
     for o in outcomes:
         if o.status == "ok":
@@ -199,7 +219,6 @@ async def _upload(
         else:
             _failed(out, o.path, o.status, o.reason, "upload", o.code)
     inputs.state.put_ancestors(rows)
-    return read_rows
 
 
 def _failed(out: Transitioned, path: str, status: str, reason: str, what: str,
@@ -352,14 +371,19 @@ def _update_caches(
 ) -> None:
     touched = {a.path for a in plan if a.kind in (Kind.DOWNLOAD, Kind.DELETE_LOCAL)}
     rows = scans.local.cache_rows
-    new = {k: v for k, v in rows.items() if k not in touched} if touched or read_rows else rows
-    new.update((k, v) for k, v in read_rows.items() if k not in touched)
+    if not touched and not rows:
+        new = read_rows  # a first push: every row is one read while sent
+    else:
+        new = {k: v for k, v in rows.items() if k not in touched} if touched or read_rows \
+            else rows
+        new.update((k, v) for k, v in read_rows.items() if k not in touched)
     old = scans.old_cache
     if not _same_objects(new, old):
         # Only what changed is written: C-level passes find it (a Python loop over a
         # 100k-file cache took ~40 ms).
-        changed = compress(new.items(), map(ne, map(old.get, new), new.values()))
-        inputs.state.update_local_cache([(k, *v) for k, v in changed], old.keys() - new.keys())
+        changed = dict(compress(new.items(), map(ne, map(old.get, new), new.values()))) \
+            if old else new
+        inputs.state.update_local_cache(changed, old.keys() - new.keys())
     remote = [(path, s.size, s.mtime_ns, s.hash) for path, s in inputs.sink.staged.items()
               if s.mtime_ns < inputs.now - RACY_NS]
     if remote:  # an empty write would still take the database's write lock

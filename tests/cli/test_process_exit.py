@@ -76,3 +76,25 @@ def test_a_profiler_still_writes_its_report(tmp_path: Path) -> None:
     import pstats
 
     assert pstats.Stats(str(out)).total_calls > 0
+
+
+def test_the_command_collects_young_cycles_and_defers_full_collections(tmp_path: Path) -> None:
+    """The ``filesync`` process sets its own collector's pace: young cycles are collected,
+    full collections wait (they would traverse every listing entry again and again), and
+    ``main``, which a host program may call, leaves the host's collector alone."""
+    probe = ("import atexit, gc; atexit.register(lambda: print(gc.isenabled(), "
+             "*gc.get_threshold())); ")
+    default = _run("import gc; print(*gc.get_threshold())").stdout.split()
+    done = _run(RUN + probe + "run()", *_push(tmp_path))
+    assert done.returncode == 0, done.stderr
+    enabled, young, middle, full = done.stdout.split()[-4:]
+    from filesync.cli.main import FULL_COLLECTION_THRESHOLD
+
+    assert enabled == "True" and [young, middle] == default[:2]
+    assert int(full) == FULL_COLLECTION_THRESHOLD != int(default[2])
+    # main() alone (a host program's call) keeps the interpreter's default.
+    hosted = _run("import gc, sys; from filesync.cli.main import main; "
+                  "code = main(sys.argv[1:]); print(*gc.get_threshold()); sys.exit(code)",
+                  *_push(tmp_path)[:-2], "--state-dir", str(tmp_path / "state2"))
+    assert hosted.returncode == 0, hosted.stderr
+    assert hosted.stdout.split()[-3:] == default

@@ -415,8 +415,8 @@ def test_kept_reads_follow_own_writes(tmp_path: Path) -> None:
         assert s.ancestors() == {} and s.local_cache() == {} and s.remote_cache() == {}
         s.put_ancestors([("a", anc(1)), ("b", anc(2))])
         s.forget(["b"])
-        s.update_local_cache([("a", 1, 2, 3, "h"), ("c", 4, 5, 6, "k")], [])
-        s.update_local_cache([], ["c"])
+        s.update_local_cache({"a": (1, 2, 3, "h"), "c": (4, 5, 6, "k")}, [])
+        s.update_local_cache({}, ["c"])
         s.put_remote_cache([("a", 1, 2, "h")])
     finally:
         s.close()
