@@ -3,8 +3,10 @@
 ``payload`` is a Python script, zlib-compressed: a small import hook holding the source of
 every module of ``filesync.tree``, installed ahead of anything the remote has installed
 (an unrelated ``filesync`` there is never imported), then ``filesync.tree.server.main``.
-``bootstrap_command`` is the shell command that feeds it to ``python3 -c`` from stdin, or
-says ``FILESYNC-NO-PYTHON`` where the remote has no python3. The host imports the very
+``bootstrap_command`` is the shell command that feeds it to ``python3 -I -S -c`` from
+stdin, or says ``FILESYNC-NO-PYTHON`` where the remote has no python3. ``-I`` keeps the
+remote's working directory (its home: a ``json.py`` there would shadow the standard
+library's) and its ``PYTHON*`` variables out of the helper, ``-S`` its site-packages. The host imports the very
 same modules from its installed package, so both sides run one body of code.
 """
 
@@ -72,6 +74,6 @@ def bootstrap_command() -> str:
         f"sys.stdin.buffer.read({n})),'filesync-helper','exec'))"
     )
     return (
-        "if command -v python3 >/dev/null 2>&1; then exec python3 -c "
+        "if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "
         f"{shlex.quote(code)}; else echo {NO_PYTHON.decode()}; fi"
     )

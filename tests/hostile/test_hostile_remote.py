@@ -174,3 +174,59 @@ def test_odd_host_entries_are_never_followed_or_blocked_on(tmp_path: Path) -> No
     assert conflicts["h.txt"] == b"v2 from the remote\n"
     assert (pair.local / "h.txt").read_bytes() == b"outside secret\n"
     record("hostile-input", inputs=3, escaped=0)
+
+
+SHADOWS = ("json", "struct", "zlib", "stat")
+
+
+def _shadow_stdlib(home: Path, marker: Path) -> list[Path]:
+    """Modules named like the helper's standard library imports in the directory the helper
+    starts in (the remote's home): each would leave ``marker`` and kill the helper."""
+    made = []
+    for name in SHADOWS:
+        path = home / f"{name}.py"
+        path.write_text(f"open({str(marker)!r}, 'a').write({name!r})\n"
+                        "raise SystemExit('a shadowing module was imported')\n")
+        made.append(path)
+    return made
+
+
+@pytest.mark.timeout(60)
+def test_modules_in_the_local_start_directory_never_shadow_the_helper_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, marker = tmp_path / "home", tmp_path / "imported"
+    home.mkdir()
+    _shadow_stdlib(home, marker)
+    monkeypatch.chdir(home)  # the local transport's helper starts here
+    monkeypatch.setenv("PYTHONPATH", str(home))  # and ignores this too
+    write(tmp_path / "local" / "a.txt", "a\n")
+    code, report, err = run_cli(["push", str(tmp_path / "local"), str(tmp_path / "remote"),
+                                 "--json", "--state-dir", str(tmp_path / "state")])
+    assert code == 0, err
+    assert report["uploaded"] == 1 and (tmp_path / "remote" / "a.txt").read_text() == "a\n"
+    assert not marker.exists()
+
+
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
+def test_modules_in_the_remote_home_never_shadow_the_helper_s(
+    sshd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    marker = Path(sshd.home) / f"imported-{tmp_path.name}"
+    made = _shadow_stdlib(Path(sshd.home), marker)
+    try:
+        rel = f"hostile/{tmp_path.name}/root"
+        write(tmp_path / "local" / "a.txt", "a\n")
+        code, report, err = run_cli(["push", str(tmp_path / "local"), f"{sshd.alias}:{rel}",
+                                     "--json", "--state-dir", str(tmp_path / "state"),
+                                     "-F", str(sshd.ssh_config)])
+        assert code == 0, err
+        assert report["uploaded"] == 1
+        assert (Path(sshd.home) / rel / "a.txt").read_text() == "a\n"
+        assert not marker.exists()
+    finally:
+        for path in made:
+            path.unlink()
