@@ -56,7 +56,7 @@ async def open_session(
         if list_first is None:
             return await HelperEndpoint.start(conduit)
         return await HelperEndpoint.start(conduit, list_first=list_first, watch=watch)
-    except NoPython:
+    except NoPython as exc:
         if log is not None:
-            log("remote has no python3: using the POSIX fallback (sh, find, tar)")
+            log(f"{exc.why}: using the POSIX fallback (sh, find, tar)")
         return await PosixEndpoint.start(conduit)

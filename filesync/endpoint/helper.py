@@ -25,7 +25,7 @@ from filesync.host.faults import crash_point
 from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
-from filesync.tree.bundle import NO_PYTHON, bootstrap_command, payload
+from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_command, payload
 from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
     DIRECT,
@@ -52,7 +52,12 @@ _GARBAGE = "remote helper sent garbage ({}); check the remote's python3, then re
 
 
 class NoPython(TransportError):
-    """The remote has no python3: the caller may fall back to the POSIX path."""
+    """The remote has no python3 the helper runs on: the caller may fall back to the POSIX
+    path. ``why`` says which (no python3, or its version), for the fallback's log line."""
+
+    def __init__(self, message: str, why: str = "remote has no python3") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 class HelperEndpoint:
@@ -123,9 +128,20 @@ class HelperEndpoint:
                     "the remote has no python3; install python3 there "
                     "(the POSIX fallback needs tar and find)"
                 )
-            if write_error is not None and not rest:
-                raise write_error
+            if rest.startswith(OLD_PYTHON):
+                version = _text(rest[len(OLD_PYTHON):].decode(errors="replace"))[:20]
+                need = ".".join(map(str, MIN_PYTHON))
+                raise NoPython(
+                    f"the remote's python3 is {version}, older than the helper needs "
+                    f"({need}); install python3 {need} or newer there (the POSIX fallback "
+                    "needs tar and find)",
+                    why=f"remote's python3 is {version} (the helper needs {need})",
+                )
             err = err_text.decode(errors="replace").strip().splitlines()
+            if write_error is not None and not rest and not err:
+                raise write_error  # it said nothing: the connection itself went
+            # What the remote said on stderr names the cause best (python3 failing, say),
+            # even when it also stopped reading the helper's source.
             tail = _text(err[-1] if err else rest.decode(errors="replace"))[:200]
             raise TransportError(
                 f"the remote helper did not start: {tail or 'no output'}; check that the "

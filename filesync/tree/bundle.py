@@ -4,10 +4,12 @@
 every module of ``filesync.tree``, installed ahead of anything the remote has installed
 (an unrelated ``filesync`` there is never imported), then ``filesync.tree.server.main``.
 ``bootstrap_command`` is the shell command that feeds it to ``python3 -I -S -c`` from
-stdin, or says ``FILESYNC-NO-PYTHON`` where the remote has no python3. ``-I`` keeps the
+stdin, or says ``FILESYNC-NO-PYTHON`` where the remote has no python3 (and
+``FILESYNC-OLD-PYTHON 3.x`` where it is older than ``MIN_PYTHON``). ``-I`` keeps the
 remote's working directory (its home: a ``json.py`` there would shadow the standard
-library's) and its ``PYTHON*`` variables out of the helper, ``-S`` its site-packages. The host imports the very
-same modules from its installed package, so both sides run one body of code.
+library's) and its ``PYTHON*`` variables out of the helper, ``-S`` its site-packages.
+The host imports the very same modules from its installed package, so both sides run one
+body of code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from importlib import resources
 
 #: What a remote without python3 answers instead of the helper's hello.
 NO_PYTHON = b"FILESYNC-NO-PYTHON"
+#: What a remote whose python3 is older than ``MIN_PYTHON`` answers, then its version.
+OLD_PYTHON = b"FILESYNC-OLD-PYTHON"
+#: The oldest python3 the helper runs on (its code uses ``X | Y`` in ``isinstance``).
+MIN_PYTHON = (3, 10)
 
 _LOADER = '''
 import importlib.util, sys
@@ -67,11 +73,14 @@ def payload() -> bytes:
 
 
 def bootstrap_command() -> str:
-    """A shell command that runs the bundle fed on stdin, or says python3 is missing."""
+    """A shell command that runs the bundle fed on stdin, or says python3 is missing, or
+    names its version when it is older than ``MIN_PYTHON`` (the check is written for any
+    python3, so an old one answers instead of failing on the bundle's syntax)."""
     n = len(payload())
     code = (
-        "import sys,zlib;exec(compile(zlib.decompress("
-        f"sys.stdin.buffer.read({n})),'filesync-helper','exec'))"
+        "import sys,zlib;v=sys.version_info[:2];"
+        f"exec(compile(zlib.decompress(sys.stdin.buffer.read({n})),'filesync-helper','exec'))"
+        f" if v>={MIN_PYTHON!r} else sys.stdout.write('{OLD_PYTHON.decode()} %d.%d'%v)"
     )
     return (
         "if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "

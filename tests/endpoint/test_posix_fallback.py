@@ -17,6 +17,7 @@ import hashlib
 import io
 import os
 import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
@@ -485,6 +486,44 @@ def test_a_missing_tool_is_one_line_naming_it(
     assert code == 1
     assert report["error"].startswith(message)
     assert pair.stderr.count("\n") == 1
+    assert not pair.remote.exists()
+
+
+def _fake_python3(bin_dir: Path, body: str) -> None:
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+
+
+def test_a_python3_older_than_the_helper_s_gets_the_fallback_and_says_why(
+    pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real interpreter, claiming to be 3.9: it runs the helper's bootstrap line as an
+    # old python3 would (that line is the only code it runs before the version check).
+    code = "import sys; sys.version_info = (3, 9, 18, 'final', 0); exec(sys.argv[1])"
+    _fake_python3(tmp_path / "bin",
+                  f'[ "$3" = -c ] || exit 9\nexec {sys.executable} -I -S -c "{code}" "$4"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    report = pair.ok("push", "-v")
+    assert "remote's python3 is 3.9 (the helper needs 3.10): using the POSIX fallback" \
+        in pair.stderr
+    assert snapshot(pair.remote) == {p: b for p, b in snapshot(pair.local).items()
+                                     if not p.startswith(".hub/")}
+    assert report["uploaded"] > 0
+
+
+def test_a_python3_that_fails_to_start_is_named_not_a_lost_connection(
+    pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_python3(tmp_path / "bin", "echo 'python3: error while loading shared libraries: "
+                  "libpython3.so' >&2\nexit 127\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    code, report = pair.run("push")
+    assert code == 1
+    assert report["error"].startswith("the remote helper did not start: python3: error while "
+                                      "loading shared libraries")
+    assert "python3 runs there" in report["error"] and "Traceback" not in pair.stderr
     assert not pair.remote.exists()
 
 
