@@ -11,6 +11,7 @@ import io
 import json
 import os
 import struct
+import subprocess
 import threading
 import zlib
 from collections.abc import Iterator
@@ -206,6 +207,27 @@ def expect_of(p: Path) -> list[int]:
 
 
 # -- session -----------------------------------------------------------------------------
+
+
+def test_the_shipped_helper_answers_bye_then_ends_at_once(tmp_path: Path) -> None:
+    """The helper as the remote runs it (the bootstrap, the bundle on stdin): its last
+    reply is out whole, and it exits 0 right after, without the interpreter's teardown
+    (a 100k-file helper would first free every listing row it remembers)."""
+    from filesync.tree.bundle import bootstrap_command, payload
+
+    bye = json.dumps({"op": "bye"}).encode()
+    stdin = payload() + struct.pack(">cI", b"J", len(bye)) + bye
+    done = subprocess.run(["sh", "-c", bootstrap_command()], input=stdin, cwd=tmp_path,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    replies, out = [], done.stdout
+    while out:
+        kind, length = struct.unpack(">cI", out[:5])
+        if kind == b"J":
+            replies.append(json.loads(out[5:5 + length]))
+        out = out[5 + length:]
+    assert replies[0]["hello"] == PROTOCOL and replies[-1] == {"bye": True}
+    assert done.stderr == b""
 
 
 def test_hello_then_bye(client: Client) -> None:
