@@ -32,6 +32,8 @@ from filesync.tree.wire import (
     END_OK,
     FLUSH_AT,
     HEADER,
+    WHOLE_HEAD,
+    WHOLE_MAX,
     Reason,
     describe,
     is_count,
@@ -393,11 +395,12 @@ class HelperEndpoint:
                    count: int | None = None) -> list[Outcome]:
         """Upload ``items`` in one stream; each is renamed into place only if unchanged.
 
-        Frames are gathered into writes of ``FLUSH_AT`` bytes (data chunks of
-        ``DIRECT`` or more go straight through), each awaited until the conduit
-        took it: a small file is one part of a packet, not three packets. ``items`` may
-        be a generator if ``count`` says how many it yields: the first file is then on
-        its way while the rest are still being prepared.
+        A file that reads whole in at most ``WHOLE_MAX`` bytes goes as one ``F`` frame;
+        a bigger one as ``H``, its ``D`` chunks and ``E``. Frames are gathered into writes
+        of ``FLUSH_AT`` bytes (data chunks of ``DIRECT`` or more go straight through),
+        each awaited until the conduit took it: a small file is one part of a packet, not
+        three packets. ``items`` may be a generator if ``count`` says how many it yields:
+        the first file is then on its way while the rest are still being prepared.
         """
         if count is None:
             items = list(items)
@@ -406,26 +409,56 @@ class HelperEndpoint:
         buf = bytearray()
         _put(buf, b"J", _json({"op": "send", "root": root, "count": count}))
         write = self.proc.write
+
+        async def data(chunk: bytes) -> None:
+            nonlocal buf
+            if len(chunk) >= DIRECT:
+                buf += HEADER.pack(b"D", len(chunk))
+                await write(bytes(buf))
+                buf.clear()
+                await write(chunk)
+                return
+            _put(buf, b"D", chunk)
+            if len(buf) >= FLUSH_AT:
+                await write(bytes(buf))
+                buf.clear()
+
         paths: list[str] = []
         for item in items:
             paths.append(item.path)
-            _put(buf, b"H", _send_head(item))
-            end = END_OK[0]
+            head = _send_head(item)
+            chunks = iter(item.chunks())
+            held: list[bytes] = []
+            size = 0
+            whole = False
+            failed: bytes | None = None  # the E frame of a file whose local read failed
             try:
-                for chunk in item.chunks():
-                    if len(chunk) >= DIRECT:
-                        buf += HEADER.pack(b"D", len(chunk))
-                        await write(bytes(buf))
-                        buf.clear()
-                        await write(chunk)
-                        continue
-                    _put(buf, b"D", chunk)
-                    if len(buf) >= FLUSH_AT:
-                        await write(bytes(buf))
-                        buf.clear()
+                for chunk in chunks:
+                    held.append(chunk)
+                    size += len(chunk)
+                    if size > WHOLE_MAX:
+                        break
+                else:
+                    whole = True  # read whole: ``held`` is the file
             except OSError as exc:
-                end = _json({"ok": False, "error": f"local read failed: {exc.strerror}"})
-            _put(buf, b"E", end)
+                failed = _read_failed(exc)
+            if whole:
+                body = held[0] if len(held) == 1 else b"".join(held)
+                buf += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
+                buf += WHOLE_HEAD.pack(len(head))
+                buf += head
+                buf += body
+            else:
+                _put(buf, b"H", head)
+                for chunk in held:
+                    await data(chunk)
+                if failed is None:
+                    try:
+                        for chunk in chunks:
+                            await data(chunk)
+                    except OSError as exc:
+                        failed = _read_failed(exc)
+                _put(buf, b"E", END_OK[0] if failed is None else failed)
             if len(buf) >= FLUSH_AT:
                 await write(bytes(buf))
                 buf.clear()
@@ -528,6 +561,11 @@ def _keepalive_request(conduit: Conduit) -> bytes:
     if not isinstance(idle, float):
         return b""
     return _frame_bytes(b"J", _json({"op": "keepalive", "every": idle / 4}))
+
+
+def _read_failed(exc: OSError) -> bytes:
+    """The ``E`` frame of an upload whose local read failed (the remote drops the file)."""
+    return _json({"ok": False, "error": f"local read failed: {exc.strerror}"})
 
 
 def _json(obj: dict[str, Any]) -> bytes:

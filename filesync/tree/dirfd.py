@@ -170,7 +170,7 @@ class TempFile:
             self.error = reason_of(exc)
             self._close()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if self.error:
             return
         try:

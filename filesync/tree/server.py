@@ -29,8 +29,10 @@ from filesync.tree.wire import (
     Channel,
     Reason,
     is_count,
+    json_object,
     reason_of,
     reason_text,
+    split_whole,
 )
 
 #: How many (root, rule) listings one helper remembers for delta replies.
@@ -189,27 +191,32 @@ class Server:
         dirs = Dirs(rfd)
         try:
             for _ in range(req["count"]):
-                frame = self.chan.read_json()
-                if frame is None or frame[0] != b"H":
+                frame = self.chan.read_frame()
+                if frame is None or frame[0] not in b"HF":
                     raise EOFError("stream ended mid-send")
-                results.append(self._receive_one(dirs, frame[1], error))
+                kind, payload = frame
+                if kind == b"F":
+                    head, data = split_whole(payload)
+                    results.append(self._receive_whole(dirs, head, data, error))
+                else:
+                    results.append(self._receive_one(dirs, json_object(kind, payload), error))
         finally:
             dirs.close()
             if rfd >= 0:
                 os.close(rfd)
         self.chan.send_json({"results": results}, b"Z")
 
+    def _receive_whole(self, dirs: Dirs, head: dict[str, Any], data: memoryview,
+                       error: tuple[Reason, str] | None) -> list[Any]:
+        """One ``F`` frame: the file's header and all of its bytes."""
+        rel, mode, mtime_ns, expect = _file_header(head)
+        sink = TempFile(dirs, rel, self._temp_name(), error)
+        sink.write(data)
+        return sink.commit(mode, mtime_ns, expect)
+
     def _receive_one(self, dirs: Dirs, head: dict[str, Any],
                      error: tuple[Reason, str] | None) -> list[Any]:
-        rel: Any = head.get("path")
-        mode: Any = head.get("mode")
-        mtime_ns: Any = head.get("mtime_ns")
-        expect: Any = head.get("expect")
-        if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
-            expect is None
-            or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
-        )):
-            raise BadRequest("malformed file header")
+        rel, mode, mtime_ns, expect = _file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         read_frame = self.chan.read_frame
         while True:
@@ -249,6 +256,21 @@ class Server:
             os.close(rfd)
         self.chan.send_json({"results": results}, b"Z")
 
+
+
+def _file_header(head: dict[str, Any]) -> tuple[str, int, int, list[int] | None]:
+    """An upload's ``path``, ``mode``, ``mtime_ns`` and ``expect``; ``BadRequest`` if any
+    is not what it must be."""
+    rel: Any = head.get("path")
+    mode: Any = head.get("mode")
+    mtime_ns: Any = head.get("mtime_ns")
+    expect: Any = head.get("expect")
+    if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
+        expect is None
+        or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
+    )):
+        raise BadRequest("malformed file header")
+    return rel, mode, mtime_ns, expect
 
 
 def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from filesync.endpoint.contract import SendItem
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.host.scan import HashingReader
 from filesync.transport.local import local_conduit
+from filesync.tree.wire import HEADER, WHOLE_MAX
 
 
 async def test_a_generator_with_a_count_sends_like_a_list(tmp_path: Path) -> None:
@@ -45,3 +47,41 @@ def test_a_small_file_is_read_whole_with_a_size_hint(tmp_path: Path) -> None:
     assert b"".join(reader()) == b"abc" * 1000 and reader.size == 3000
     wrong = HashingReader(str(path), None, 10)  # a stale hint still reads everything
     assert b"".join(wrong()) == b"abc" * 1000 and wrong.digest == reader.digest
+
+
+async def test_small_files_go_as_one_frame_and_big_or_unreadable_ones_as_a_stream(
+    tmp_path: Path,
+) -> None:
+    """A file read whole in at most ``WHOLE_MAX`` bytes is one ``F`` frame; a bigger one is
+    ``H``, ``D`` chunks and ``E``; one whose read fails is ``H`` and an error ``E``."""
+    sizes = {"small.txt": 100, "edge.bin": WHOLE_MAX, "big.bin": WHOLE_MAX + 1, "empty": 0}
+    for name, size in sizes.items():
+        write(tmp_path / "src" / name, os.urandom(size))
+    names = [*sizes, "gone.txt"]
+    session = await HelperEndpoint.start(local_conduit())
+    sent = bytearray()
+    real = session.proc.write
+
+    async def recording(data: bytes) -> None:
+        sent.extend(data)
+        await real(data)
+
+    session.proc.write = recording  # type: ignore[method-assign]
+    try:
+        items = [SendItem(name, 0o644, 1_700_000_000_000_000_000, None,
+                          HashingReader(str(tmp_path / "src" / name), None, sizes.get(name, 0)))
+                 for name in names]
+        outcomes = await session.send(str(tmp_path / "dst"), items)
+        stream = bytes(sent)  # the send request and its files, not the goodbye
+    finally:
+        await session.close()
+    assert [o.status for o in outcomes] == ["ok"] * 4 + ["error"]
+    assert "local read failed" in outcomes[-1].reason
+    for name in sizes:
+        assert (tmp_path / "dst" / name).read_bytes() == (tmp_path / "src" / name).read_bytes()
+    kinds, pos = [], 0
+    while pos < len(stream):
+        kind, length = HEADER.unpack_from(stream, pos)
+        kinds.append(kind)
+        pos += HEADER.size + length
+    assert kinds == [b"J", b"F", b"F", b"H", b"D", b"E", b"F", b"H", b"E"]

@@ -153,7 +153,7 @@ json_values = st.recursive(
 
 @st.composite
 def frames(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from([b"J", b"Z", b"H", b"D", b"E", b"X", b"\x00"]))
+    kind = draw(st.sampled_from([b"J", b"Z", b"H", b"D", b"E", b"F", b"X", b"\x00"]))
     if draw(st.booleans()):
         payload = json.dumps(draw(json_values)).encode()
     else:
@@ -284,9 +284,14 @@ def requests(draw: st.DrawFn) -> bytes:
         for _ in range(draw(st.integers(0, 3))):
             head = {"path": draw(rel_paths), "mode": draw(st.sampled_from([0o644, -1, "x"])),
                     "mtime_ns": 1, "expect": draw(st.sampled_from([None, [1, 1], "x", [1]]))}
-            out += frame(b"H", json.dumps(head).encode())
+            encoded = json.dumps(head).encode()
+            if draw(st.booleans()):  # one whole-file frame, its header length now and then a lie
+                told = draw(st.sampled_from([len(encoded), len(encoded) + 9, 0, 2**32 - 1]))
+                out += frame(b"F", struct.pack(">I", told) + encoded + b"data")
+                continue
+            out += frame(b"H", encoded)
             out += b"".join(frame(b"D", b"data") for _ in range(draw(st.integers(0, 2))))
-            out += frame(draw(st.sampled_from([b"E", b"J", b"D"])),
+            out += frame(draw(st.sampled_from([b"E", b"J", b"D", b"F"])),
                          json.dumps({"ok": draw(st.booleans())}).encode())
     return out
 

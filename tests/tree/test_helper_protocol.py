@@ -420,6 +420,53 @@ def test_send_writes_content_mode_and_mtime(client: Client, root: Path) -> None:
     assert temp_files(root) == []
 
 
+def whole(head: dict[str, Any], data: bytes) -> bytes:
+    """An ``F`` frame: a small upload's header and bytes in one frame."""
+    encoded = json.dumps(head).encode()
+    return frame(b"F", struct.pack(">I", len(encoded)) + encoded + data)
+
+
+def test_send_takes_whole_files_in_one_frame_between_streamed_ones(
+    client: Client, root: Path
+) -> None:
+    head = {"path": "small/a.txt", "mode": 0o640, "mtime_ns": 1_234_567_890_123_456_789,
+            "expect": None}
+    client.write(jframe({"op": "send", "root": str(root), "count": 3})
+                 + whole(head, b"small file\n")
+                 + jframe({"path": "big.bin", "mode": 0o644, "mtime_ns": 7, "expect": None},
+                          b"H") + frame(b"D", b"x" * 100) + jframe({"ok": True}, b"E")
+                 + whole({**head, "path": "empty"}, b""))
+    assert client.reply()["results"] == [
+        ["small/a.txt", "ok", 11, 1_234_567_890_123_456_789], ["big.bin", "ok", 100, 7],
+        ["empty", "ok", 0, 1_234_567_890_123_456_789]]
+    st = (root / "small" / "a.txt").stat()
+    assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o640, 1_234_567_890_123_456_789)
+    assert (root / "small" / "a.txt").read_bytes() == b"small file\n"
+    assert (root / "empty").read_bytes() == b"" and temp_files(root) == []
+    # An F frame is held to the same rules as H: an unsafe path is refused, not written.
+    client.write(jframe({"op": "send", "root": str(root), "count": 1})
+                 + whole({**head, "path": "../escape.txt"}, b"no"))
+    assert client.reply()["results"][0][:3] == ["../escape.txt", "error", "unsafe-path"]
+    assert not (root.parent / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00\x00",  # shorter than its header length
+    struct.pack(">I", 50) + b'{"path": "a"}',  # a header running past the frame
+    struct.pack(">I", 5) + b"{nope" + b"data",  # a header that is not JSON
+    struct.pack(">I", 2) + b"[]",  # not an object
+    struct.pack(">I", 13) + b'{"path": "a"}' + b"data",  # no mode or mtime
+], ids=["short", "past-frame", "not-json", "not-object", "missing-fields"])
+def test_a_malformed_whole_file_frame_is_refused_and_writes_nothing(
+    client: Client, root: Path, payload: bytes
+) -> None:
+    client.write(jframe({"op": "send", "root": str(root), "count": 1}) + frame(b"F", payload))
+    assert client.reply()["error"].startswith("bad request")
+    client.thread.join(30)
+    assert not client.thread.is_alive()  # the framing is not trusted any more
+    assert list(root.iterdir()) == []
+
+
 def test_send_replaces_a_file_only_if_unchanged(client: Client, root: Path) -> None:
     target = put(root, "f.txt", b"old")
     seen = expect_of(target)
