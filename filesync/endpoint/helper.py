@@ -20,6 +20,7 @@ from typing import Any
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
+from filesync.endpoint.upload_stream import frame_bytes, json_bytes, write_stream
 from filesync.errors import ConnectionLost, TransportError
 from filesync.host.faults import crash_point
 from filesync.host.scan import filter_unsafe
@@ -28,12 +29,7 @@ from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_command, payload
 from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
-    DIRECT,
-    END_OK,
-    FLUSH_AT,
     HEADER,
-    WHOLE_HEAD,
-    WHOLE_MAX,
     Reason,
     describe,
     is_count,
@@ -103,7 +99,7 @@ class HelperEndpoint:
             req = _list_request(path, early[1], None)
             if watch:
                 req["watch"] = True
-            first_request = _frame_bytes(b"J", _json(req))
+            first_request = frame_bytes(b"J", json_bytes(req))
         first_request = _keepalive_request(conduit) + first_request
         write_error: ConnectionLost | None = None
         try:
@@ -177,11 +173,11 @@ class HelperEndpoint:
     # -- framing ------------------------------------------------------------------
 
     async def _send(self, kind: bytes, payload: bytes) -> None:
-        await self.proc.write(_frame_bytes(kind, payload))
+        await self.proc.write(frame_bytes(kind, payload))
 
     async def _request(self, obj: dict[str, Any]) -> None:
         await self._settle()
-        await self._send(b"J", _json(obj))
+        await self._send(b"J", json_bytes(obj))
 
     async def _settle(self) -> None:
         """Read and drop the reply to an early listing nobody asked for."""
@@ -393,78 +389,16 @@ class HelperEndpoint:
 
     async def send(self, root: str, items: Iterable[SendItem],
                    count: int | None = None) -> list[Outcome]:
-        """Upload ``items`` in one stream; each is renamed into place only if unchanged.
-
-        A file that reads whole in at most ``WHOLE_MAX`` bytes goes as one ``F`` frame;
-        a bigger one as ``H``, its ``D`` chunks and ``E``. Frames are gathered into writes
-        of ``FLUSH_AT`` bytes (data chunks of ``DIRECT`` or more go straight through),
-        each awaited until the conduit took it: a small file is one part of a packet, not
-        three packets. ``items`` may be a generator if ``count`` says how many it yields:
-        the first file is then on its way while the rest are still being prepared.
+        """Upload ``items`` in one stream (``upload_stream``); each is renamed into place
+        only if unchanged. ``items`` may be a generator if ``count`` says how many it
+        yields: the first file is then on its way while the rest are still being made.
         """
         if count is None:
             items = list(items)
             count = len(items)
         await self._settle()
-        buf = bytearray()
-        _put(buf, b"J", _json({"op": "send", "root": root, "count": count}))
-        write = self.proc.write
-
-        async def data(chunk: bytes) -> None:
-            nonlocal buf
-            if len(chunk) >= DIRECT:
-                buf += HEADER.pack(b"D", len(chunk))
-                await write(bytes(buf))
-                buf.clear()
-                await write(chunk)
-                return
-            _put(buf, b"D", chunk)
-            if len(buf) >= FLUSH_AT:
-                await write(bytes(buf))
-                buf.clear()
-
-        paths: list[str] = []
-        for item in items:
-            paths.append(item.path)
-            head = _send_head(item)
-            chunks = iter(item.chunks())
-            held: list[bytes] = []
-            size = 0
-            whole = False
-            failed: bytes | None = None  # the E frame of a file whose local read failed
-            try:
-                for chunk in chunks:
-                    held.append(chunk)
-                    size += len(chunk)
-                    if size > WHOLE_MAX:
-                        break
-                else:
-                    whole = True  # read whole: ``held`` is the file
-            except OSError as exc:
-                failed = _read_failed(exc)
-            if whole:
-                body = held[0] if len(held) == 1 else b"".join(held)
-                buf += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
-                buf += WHOLE_HEAD.pack(len(head))
-                buf += head
-                buf += body
-            else:
-                _put(buf, b"H", head)
-                for chunk in held:
-                    await data(chunk)
-                if failed is None:
-                    try:
-                        for chunk in chunks:
-                            await data(chunk)
-                    except OSError as exc:
-                        failed = _read_failed(exc)
-                _put(buf, b"E", END_OK[0] if failed is None else failed)
-            if len(buf) >= FLUSH_AT:
-                await write(bytes(buf))
-                buf.clear()
-        if len(paths) != count:
-            raise ValueError(f"send: {len(paths)} items given, {count} announced")
-        await write(bytes(buf))
+        request = frame_bytes(b"J", json_bytes({"op": "send", "root": root, "count": count}))
+        paths = await write_stream(self.proc.write, request, items, count)
         return self._outcomes(await self._reply(), paths)
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
@@ -560,34 +494,7 @@ def _keepalive_request(conduit: Conduit) -> bytes:
     idle = getattr(conduit, "idle", None)
     if not isinstance(idle, float):
         return b""
-    return _frame_bytes(b"J", _json({"op": "keepalive", "every": idle / 4}))
-
-
-def _read_failed(exc: OSError) -> bytes:
-    """The ``E`` frame of an upload whose local read failed (the remote drops the file)."""
-    return _json({"ok": False, "error": f"local read failed: {exc.strerror}"})
-
-
-def _json(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj).encode("utf-8", "surrogateescape")
-
-
-def _frame_bytes(kind: bytes, payload: bytes) -> bytes:
-    return HEADER.pack(kind, len(payload)) + payload
-
-
-def _send_head(item: SendItem) -> bytes:
-    """The ``H`` frame of an upload: the JSON object, formatted without a dict and an
-    encoder run per file (only the path needs escaping)."""
-    expect = f"[{item.expect[0]},{item.expect[1]}]" if item.expect else "null"
-    path = json.dumps(item.path)
-    return (f'{{"path":{path},"mode":{int(item.mode)},"mtime_ns":{int(item.mtime_ns)},'
-            f'"expect":{expect}}}').encode("utf-8", "surrogateescape")
-
-
-def _put(buf: bytearray, kind: bytes, payload: bytes) -> None:
-    buf += HEADER.pack(kind, len(payload))
-    buf += payload
+    return frame_bytes(b"J", json_bytes({"op": "keepalive", "every": idle / 4}))
 
 
 def _decode(kind: bytes, payload: bytes) -> dict[str, Any]:

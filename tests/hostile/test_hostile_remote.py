@@ -71,13 +71,18 @@ def no_links_or_specials(root: Path) -> None:
             assert stat.S_ISREG(mode) or stat.S_ISDIR(mode), (dirpath, name)
 
 
+@pytest.fixture
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh runs with the test's own HOME and no agent: only the container's config counts."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+
+
 @pytest.mark.sshd
 @pytest.mark.timeout(60)
 def test_pull_from_an_odd_remote_applies_the_legit_files_and_reports_the_rest(
-    sshd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_home: None
 ) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     rel = f"hostile/{tmp_path.name}"
     remote, outside = Path(sshd.home) / rel / "root", Path(sshd.home) / rel / "outside"
     odd_tree(remote, outside, monkeypatch)
@@ -103,10 +108,8 @@ def test_pull_from_an_odd_remote_applies_the_legit_files_and_reports_the_rest(
 @pytest.mark.sshd
 @pytest.mark.timeout(60)
 def test_push_into_an_odd_remote_writes_nothing_through_links(
-    sshd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd: Any, tmp_path: Path, own_home: None
 ) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     rel = f"hostile/{tmp_path.name}"
     remote, outside = Path(sshd.home) / rel / "root", Path(sshd.home) / rel / "outside"
     write(outside / "secret.txt", "outside secret\n")
@@ -211,10 +214,8 @@ def test_modules_in_the_local_start_directory_never_shadow_the_helper_s(
 @pytest.mark.sshd
 @pytest.mark.timeout(60)
 def test_modules_in_the_remote_home_never_shadow_the_helper_s(
-    sshd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd: Any, tmp_path: Path, own_home: None
 ) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     marker = Path(sshd.home) / f"imported-{tmp_path.name}"
     made = _shadow_stdlib(Path(sshd.home), marker)
     try:
