@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from filesync.endpoint.contract import SendItem
-from filesync.tree.wire import DIRECT, END_OK, FLUSH_AT, HEADER, WHOLE_HEAD, WHOLE_MAX
+from filesync.tree.wire import DIRECT, END_OK, FLUSH_AT, HEADER, WHOLE_MAX, put_whole
 
 
 def json_bytes(obj: dict[str, Any]) -> bytes:
@@ -89,11 +89,7 @@ async def write_stream(write: Callable[[bytes], Awaitable[None]], request: bytes
         except OSError as exc:
             failed = _read_failed(exc)
         if whole:
-            body = held[0] if len(held) == 1 else b"".join(held)
-            buf += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
-            buf += WHOLE_HEAD.pack(len(head))
-            buf += head
-            buf += body
+            put_whole(buf, head, held[0] if len(held) == 1 else b"".join(held))
         else:
             put(buf, b"H", head)
             for chunk in held:

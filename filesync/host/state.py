@@ -158,7 +158,7 @@ def pair_key(local_root: str, remote_identity: str, remote_root: str) -> str:
 class PairState:
     """The state of one pair, held under its lock for the lifetime of a run."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, keep_reads: bool = True) -> None:
         self.dir = directory
         self.staging = directory / "staging"
         self.conflicts_dir = directory / "conflicts"
@@ -167,7 +167,7 @@ class PairState:
         self._lock_fd = -1
         self.db: sqlite3.Connection | None = None
         self._mem: _Pooled | None = None
-        self._keep = True
+        self._keep = keep_reads
 
     @classmethod
     def open(
@@ -193,8 +193,7 @@ class PairState:
                 f"cannot create state dir {directory}: {exc.strerror}; "
                 "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
             ) from exc
-        state = cls(directory)
-        state._keep = keep_reads
+        state = cls(directory, keep_reads)
         try:
             state._lock(lock_timeout)
             state._connect()

@@ -371,12 +371,11 @@ def _update_caches(
 ) -> None:
     touched = {a.path for a in plan if a.kind in (Kind.DOWNLOAD, Kind.DELETE_LOCAL)}
     rows = scans.local.cache_rows
-    if not touched and not rows:
-        new = read_rows  # a first push: every row is one read while sent
-    else:
-        new = {k: v for k, v in rows.items() if k not in touched} if touched or read_rows \
-            else rows
+    if touched or (rows and read_rows):
+        new = {k: v for k, v in rows.items() if k not in touched}
         new.update((k, v) for k, v in read_rows.items() if k not in touched)
+    else:
+        new = rows or read_rows  # no copy: one side is all there is (a first push: read_rows)
     old = scans.old_cache
     if not _same_objects(new, old):
         # Only what changed is written: C-level passes find it (a Python loop over a

@@ -159,6 +159,14 @@ def json_object(kind: bytes, payload: bytes) -> dict[str, Any]:
     return obj
 
 
+def put_whole(buf: bytearray, head: bytes, body: bytes) -> None:
+    """Append the ``F`` frame of a whole small upload (``head``: its header's JSON)."""
+    buf += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
+    buf += WHOLE_HEAD.pack(len(head))
+    buf += head
+    buf += body
+
+
 def split_whole(payload: bytes) -> tuple[dict[str, Any], memoryview]:
     """An ``F`` frame's header (a JSON object) and file bytes; ``BadRequest`` for a payload
     that does not hold both."""
