@@ -50,6 +50,9 @@ class Listing:
     entries: dict[str, Entry] = field(default_factory=dict)
     skipped: list[Skipped] = field(default_factory=list)
     excluded: int = 0
+    #: what the walk found, as a digest: two listings of one root with the same
+    #: non-empty digest are equal, field by field and in order ("" when not taken)
+    digest: str = ""
 
     def files(self) -> dict[str, Entry]:
         """The regular files (``entries`` holds nothing else: the walks skip the rest)."""

@@ -106,6 +106,11 @@ class Endpoint(Protocol):
         of dead filesync runs are removed.
         """
 
+    async def list_tree_unless(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
+        """``list_tree(root, rule)``, or None only if that listing would equal, field by
+        field and in order, the listing this endpoint once returned with ``digest ==
+        known``. An endpoint that takes no digests always lists (with ``digest=""``)."""
+
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         """Stream each of ``paths`` into ``sink``: ``begin``/``end`` per file sent,
         ``failed`` per file that could not be. A file that changed while it was read

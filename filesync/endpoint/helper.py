@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
@@ -251,28 +253,46 @@ class HelperEndpoint:
         Within one session the helper answers with the rows that changed since the
         listing it sent last for the same root and rule (a delta, see
         ``helper.Server.op_list``), applied here to a copy of that listing: the result
-        is the full listing, as fresh as the walk it came from.
+        is the full listing, as fresh as the walk it came from. A full listing's
+        ``digest`` is that of the reply's bytes.
         """
+        listing = await self._list(root, rule, "")
+        assert listing is not None  # (only a known digest gives None)
+        return listing
+
+    async def list_tree_unless(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
+        """``list_tree``, or None when its reply is byte for byte the reply whose listing
+        had the digest ``known``: then nothing of it is decoded."""
+        return await self._list(root, rule, known)
+
+    async def _list(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
         wire = rule.wire()
-        reply: dict[str, Any] | None = None
+        frame: tuple[bytes, bytes] | None = None
         if self._early is not None:
             path, early_wire = self._early
             self._early = None
-            kind, payload = await self._frame()
-            if self.resolve_root(path) == root and early_wire == wire:
-                reply = self._reply_of(kind, payload)
-        if reply is None:
+            frame = await self._frame()
+            if self.resolve_root(path) != root or early_wire != wire:
+                frame = None
+        if frame is None:
             await self._request(self._list_request(root, wire))
-            reply = await self._reply()
+            frame = await self._frame()
+        kind, payload = frame
+        digest = xxhash.xxh3_128_hexdigest(kind + payload)
+        key = (root, _wire_key(wire))
+        if known and digest == known:
+            self._bases.pop(key)  # the helper's generation is not kept here: no delta
+            return None
+        reply = self._reply_of(kind, payload)
         entries, skipped = reply.get("entries", []), reply.get("skipped", [])
         if not (
             isinstance(reply.get("root"), str) and isinstance(entries, list)
             and isinstance(skipped, list) and is_count(reply.get("excluded", 0))
         ):
             raise self._garbage("malformed listing")
-        key = (root, _wire_key(wire))
         base = self._bases.pop(key)
-        listing = Listing(reply["root"], bool(reply.get("exists")))
+        listing = Listing(reply["root"], bool(reply.get("exists")),
+                          digest="" if "base" in reply else digest)
         if reply.get("exists") and not reply.get("is_dir"):
             raise TransportError(
                 f"remote root {reply['root']} is not a directory; give a directory path"

@@ -218,6 +218,10 @@ class PosixEndpoint:
 
     # -- operations -------------------------------------------------------------------
 
+    async def list_tree_unless(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
+        """Always lists: its levels come from several commands, with no one reply to digest."""
+        return await self.list_tree(root, rule)
+
     async def list_tree(self, root: str, rule: ExcludeRule) -> Listing:
         """List regular files under ``root`` level by level (see the module doc): a child
         directory is listed at the next depth only if ``rule`` does not exclude it."""

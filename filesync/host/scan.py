@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import marshal
 import os
 import stat
 import threading
@@ -110,12 +111,22 @@ def list_local(root: Path, rule: ExcludeRule, watch: bool = False) -> Listing:
         if listing is not None:
             return listing  # unsafe names already filtered, by what changed
     rows, skipped, excluded = walk(str(root), rule.matcher())
-    listing = Listing(str(root), True, excluded=excluded)
+    listing = Listing(str(root), True, excluded=excluded,
+                      digest=walk_digest(rows, skipped, excluded))
     for rel, kind, size, mtime_ns, mode, ino, _nlink in rows:
         listing.entries[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
     listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
     filter_unsafe(listing)
     return listing
+
+
+def walk_digest(rows: list[list[object]], skipped: list[list[str]], excluded: int) -> str:
+    """The digest of one walk's rows (path, kind, size, mtime, mode, inode, links, in walk
+    order), skipped rows and excluded count: ~16 ms for 100k rows.
+
+    marshal's format 2 has no back-references, so equal rows always give equal bytes.
+    """
+    return xxhash.xxh3_128_hexdigest(marshal.dumps((rows, skipped, excluded), 2))
 
 
 class _Watched:

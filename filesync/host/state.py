@@ -1,9 +1,11 @@
-"""Persistent per-pair state in SQLite: the ancestor, caches, conflicts, the lock.
+"""Persistent per-pair state in SQLite: the ancestor, caches, conflicts, the seal, the lock.
 
 One directory per (local root, remote identity, remote root) pair under the state
 dir, holding ``state.db``, ``lock``, ``staging/``, ``conflicts/`` and ``undo/``.
 The ancestor row of a path is written only after the transfer it describes was
 confirmed, so a crash at any point leaves a state the next run can reconcile from.
+The seal (``Seal``) is dropped by every write of the state: it only ever describes the
+state as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ CREATE TABLE IF NOT EXISTS remote_cache(
 CREATE TABLE IF NOT EXISTS conflicts(
     path TEXT PRIMARY KEY, local_hash TEXT, remote_hash TEXT, saved_to TEXT,
     created_ns INTEGER);
+CREATE TABLE IF NOT EXISTS seal(
+    one INTEGER PRIMARY KEY CHECK (one = 1), fingerprint TEXT NOT NULL,
+    host TEXT NOT NULL, remote TEXT NOT NULL, excluded INTEGER NOT NULL);
 """
 
 
@@ -51,6 +56,20 @@ class Ancestor(NamedTuple):
     remote_size: int
     remote_mtime_ns: int
     synced_ns: int
+
+
+class Seal(NamedTuple):
+    """A pass found the pair in sync on all three sides, from these two listings.
+
+    ``host`` and ``remote`` are the listings' digests (``Listing.digest``),
+    ``fingerprint`` what else the pass's decisions depended on (``sync.seal``),
+    ``excluded`` the excluded count it reported. Any later write of the state drops it.
+    """
+
+    fingerprint: str
+    host: str
+    remote: str
+    excluded: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +305,8 @@ class PairState:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # Whatever this writes, the seal no longer describes the state.
+            conn.execute("DELETE FROM seal")
             yield conn
             conn.execute("COMMIT")
         except BaseException:
@@ -387,6 +408,19 @@ class PairState:
         kept = self._mem.remote if self._mem is not None else None
         if kept is not None:
             kept.update((r[0], (r[1], r[2], r[3])) for r in rows)
+
+    # -- seal ---------------------------------------------------------------------
+
+    def seal(self) -> Seal | None:
+        """The seal of the last pass, if nothing was written to the state since."""
+        row = self.conn.execute(
+            "SELECT fingerprint, host, remote, excluded FROM seal").fetchone()
+        return Seal._make(row) if row is not None else None
+
+    def put_seal(self, seal: Seal) -> None:
+        """Record ``seal``; the pass's last write (every write drops it)."""
+        with self._write() as conn:
+            conn.execute("INSERT INTO seal VALUES (1,?,?,?,?)", (*seal,))
 
     # -- conflicts ----------------------------------------------------------------
 

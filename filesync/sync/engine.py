@@ -31,6 +31,7 @@ from filesync.host.state import ConflictRecord, PairState
 from filesync.sync import plan as planning
 from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import Options, PassInputs
+from filesync.sync.seal import seal_for
 from filesync.sync.staging import StagingSink
 from filesync.sync.transition import Transitioned, transition
 from filesync.transport.base import Conduit
@@ -177,6 +178,9 @@ async def _pass(
     if checking is not None:
         await checking  # before anything is fetched or applied
     report.excluded = scans.excluded
+    if isinstance(scans, planning.Sealed):
+        report.open_conflicts = list(inputs.state.conflicts().values())
+        return
     planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),
                 len(scans.remote.files()), str(inputs.local_root), inputs.remote_root,
@@ -195,6 +199,10 @@ async def _pass(
     report.open_conflicts = list(inputs.state.conflicts().values())
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
+    clean = not (report.skipped or report.errors or report.open_conflicts)
+    seal = seal_for(opts, scans.local, scans.remote.digest, scans.excluded, planned, clean)
+    if seal is not None:
+        inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 
 
 def _retain(inputs: PassInputs, open_conflicts: list[ConflictRecord]) -> list[Pruned]:

@@ -111,3 +111,5 @@ class Planned:
     full_conflicts: Set[str]
     #: everything skipped before the transition (scans included), in report order
     skipped: tuple[Skipped, ...]
+    #: every path is quietly in sync on all three sides, nothing skipped (``sync.seal``)
+    in_sync: bool = False

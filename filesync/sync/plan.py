@@ -36,6 +36,7 @@ from filesync.host.scan import (
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
+from filesync.sync import seal as sealing
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import memo_for
 from filesync.tree.wire import Reason
@@ -94,8 +95,17 @@ def start_walk(local_root: Path, rule: ExcludeRule, watch: bool) -> Walk:
     return Walk(started_ns, listing)
 
 
-async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
-    """Finish any interrupted apply, then list both sides and hash what will be compared.
+@dataclass(frozen=True)
+class Sealed:
+    """Both listings are those of the pass that sealed the pair (``sync.seal``)."""
+
+    #: what that pass reported excluded
+    excluded: int
+
+
+async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
+    """Finish any interrupted apply, then list both sides and hash what will be compared;
+    or, when both listings are the sealed ones, ``Sealed`` (nothing read or compared).
 
     ``walk``: the host walk ``start_walk`` began; it is used unless a recovery changed the
     host tree under it (then the host is walked again, after the recovery)."""
@@ -113,6 +123,7 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
     # remote lists; the stat cache is applied to it afterwards. A fan-out's passes share
     # one walk of the root (``HostScans``) instead.
     walking: Awaitable[Listing | tuple[Listing, int]]
+    remote: Listing | None = None
     if shared is not None:
         started_ns = time.time_ns()
         walking = shared.listing(inputs.local_root, opts.rule, opts.watch, started_ns)
@@ -120,11 +131,24 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans:
         if walk is None:
             walk = start_walk(inputs.local_root, opts.rule, opts.watch)
         started_ns, walking = walk.started_ns, walk.listing
+        seal = inputs.state.seal() if sealing.may_use(opts) else None
+        # Sealed: the host walk (done long before the remote's listing, usually)
+        # decides whether the listing is worth comparing before it is decoded.
+        if seal is not None and seal.fingerprint == sealing.fingerprint(opts) \
+                and (await walk.listing).digest == seal.host:
+            remote = await inputs.session.list_tree_unless(
+                inputs.remote_root, opts.rule, seal.remote)
+            if remote is None:
+                if opts.log is not None:
+                    opts.log("both listings are as the last pass found them in sync: "
+                             "nothing to compare")
+                return Sealed(seal.excluded)
     # The state's tables are read in a thread too, while this task waits for the remote
     # listing (a 100k-file pair: ~0.4 s of rows that would otherwise come before it).
     reading = asyncio.get_running_loop().run_in_executor(None, _read_state, state)
     try:
-        remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)
+        if remote is None:
+            remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)
     finally:
         try:
             await wait_out(reading)
@@ -310,7 +334,9 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     rv = {p: v for p, v in rv.items() if p in paths}
     actions = reconcile(av, lv, rv, inputs.opts.direction)
     conflicts = {a.path for a in actions if a.kind is Kind.CONFLICT}
-    return Planned(actions, lv, rv, conflicts, tuple(skipped))
+    in_sync = not paths and not unknown and not skipped \
+        and len(quiet) == len(anc) == len(rfiles) == len(entries)
+    return Planned(actions, lv, rv, conflicts, tuple(skipped), in_sync)
 
 
 def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
@@ -378,5 +404,5 @@ def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) 
     return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
 
 
-__all__ = ["RemoteVersions", "Walk", "fetch", "plan", "remote_versions",
+__all__ = ["RemoteVersions", "Sealed", "Walk", "fetch", "plan", "remote_versions",
            "require_local_source", "require_remote_source", "scan", "start_walk"]

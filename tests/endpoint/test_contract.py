@@ -355,6 +355,37 @@ async def test_a_later_listing_shows_every_change(remote: Remote, watch: bool) -
     assert [s.path for s in second.skipped] == ["d/relinked.txt"]
 
 
+async def test_list_tree_unless_skips_only_a_listing_equal_to_the_known_one(
+    remote: Remote,
+) -> None:
+    root = remote.path
+    write(root / "a.txt", "a\n")
+    write(root / "d" / "b.txt", "bb\n")
+    first = await remote.endpoint.list_tree(remote.root, RULE)
+
+    async def in_a_new_session(known: str) -> Listing | None:
+        other = await start_endpoint(remote.kind, remote.conduit)
+        try:
+            return await other.list_tree_unless(remote.root, RULE, known)
+        finally:
+            await other.close()
+
+    if remote.kind == "posix":  # takes no digests: always lists
+        assert first.digest == ""
+        listed = await in_a_new_session("0" * 32)
+        assert listed is not None and view(listed) == view(first)
+        return
+    assert first.digest
+    assert await in_a_new_session(first.digest) is None
+    os.chmod(root / "a.txt", 0o600)  # one field of one row
+    changed = await in_a_new_session(first.digest)
+    assert changed is not None and changed.entries["a.txt"].mode == 0o600
+    assert changed.digest not in ("", first.digest)
+    # A delta of the same session is never taken for the full listing it updates.
+    again = await remote.endpoint.list_tree_unless(remote.root, RULE, changed.digest)
+    assert again is not None and view(again) == view(changed)
+
+
 # --------------------------------------------------------------------------- fetch
 
 

@@ -122,6 +122,26 @@ def test_push_then_noop_keeps_content_modes_and_mtimes(pair: SshPair) -> None:
     assert (again["uploaded"], again["downloaded"], again["conflicts"]) == (0, 0, [])
 
 
+def test_a_sealed_noop_over_ssh_compares_nothing_and_a_later_edit_is_found(
+    pair: SshPair,
+) -> None:
+    """The seal holds across ssh sessions (one per run): the helper's reply for an
+    unchanged tree is the same bytes, and one changed remote file is a new listing."""
+    old_ns = 1_600_000_000_000_000_000  # outside the racy window: the pair may be sealed
+    for path in pair.local.rglob("*"):
+        if path.is_file():
+            os.utime(path, ns=(old_ns, old_ns))
+    pair.ok("sync")
+    pair.ok("sync")  # finds the pair in sync: seals it
+    quiet = pair.ok("sync", "-v")
+    assert "nothing to compare" in pair.stderr
+    assert (quiet["uploaded"], quiet["downloaded"], quiet["excluded"]) == (0, 0, 1)
+    write(pair.remote / "pdf" / "SKILL.md", "# pdf\nedited remotely\n")
+    report = pair.ok("sync", "-v")
+    assert "nothing to compare" not in pair.stderr and report["downloaded"] == 1
+    assert (pair.local / "pdf" / "SKILL.md").read_text() == "# pdf\nedited remotely\n"
+
+
 def test_sync_conflict_then_resolve_both_ways(pair: SshPair) -> None:
     pair.ok("push")
     write(pair.local / "web" / "SKILL.md", "host edit\n")

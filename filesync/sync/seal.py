@@ -1,0 +1,58 @@
+"""The seal: a pass that found nothing to do is not repeated on the same listings.
+
+A pass that finds the pair in sync on all three sides records a ``Seal``
+(``filesync.host.state``): the digests of the host walk and of the remote listing it
+compared (``Listing.digest``), and a fingerprint of everything else its decisions read
+(the direction, the exclusion rule, the size limit, filesync's version). It records one
+only when nothing stands between those listings and "in sync":
+
+- every path is quiet (``Planned.in_sync``: host, remote and ancestor agree, and no path
+  is only on one side), nothing is skipped, no conflict is open, nothing failed;
+- no host file's mtime is within ``RACY_NS`` of the walk's start (the remote files'
+  are not either: a quiet remote file passed the same test against its ancestor);
+- the pass is not a dry run, nor a watched or fan-out pass (those have their own paths).
+
+A later pass whose fingerprint and both listings' digests are the sealed ones, with
+nothing written to the state since (every write drops the seal), has the inputs the
+sealed pass had: its decisions would be the same, nothing to do. So it reads neither
+the state's tables nor the remote listing's rows and plans nothing (``plan.scan``).
+A file is taken as unchanged when its size, mtime, permission bits and inode are, as the
+stat cache and the per-file quiet test take it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from filesync.host.scan import RACY_NS, LocalScan
+from filesync.host.state import Seal
+from filesync.sync.inputs import Options, Planned
+from filesync.version import __version__
+
+
+def fingerprint(opts: Options) -> str:
+    """What a pass's decisions read besides the listings and the state."""
+    return json.dumps([__version__, opts.direction.value, opts.rule.wire(),
+                       opts.max_file_size], sort_keys=True)
+
+
+def may_use(opts: Options) -> bool:
+    """Whether a pass with ``opts`` may seal, or skip its work on a seal."""
+    return not opts.watch and opts.host_scans is None
+
+
+def seal_for(opts: Options, local: LocalScan, remote_digest: str, excluded: int,
+             planned: Planned, clean: bool) -> Seal | None:
+    """The seal a finished pass leaves, or None when it may not leave one (see the module
+    doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open."""
+    host = local.listing
+    if not (clean and planned.in_sync and may_use(opts) and not opts.dry_run
+            and host.digest and remote_digest and host.entries):
+        return None
+    newest = max(e.mtime_ns for e in host.entries.values())
+    if newest >= local.started_ns - RACY_NS:
+        return None
+    return Seal(fingerprint(opts), host.digest, remote_digest, excluded)
+
+
+__all__ = ["fingerprint", "may_use", "seal_for"]

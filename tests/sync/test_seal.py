@@ -1,0 +1,299 @@
+"""The seal (``filesync.sync.seal``): a pass that found the pair in sync leaves one; the
+next pass whose two listings are the sealed ones compares nothing; anything else --
+a change on either side, a state write, a racy mtime, a different rule, something
+skipped or in conflict -- gets the full pass. Every pass runs on a new local-transport
+session (the real remote helper), as the plain CLI does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synctree import snapshot, write
+
+from filesync.core.exclude import ExcludeRule
+from filesync.core.reconcile import Direction
+from filesync.endpoint.connect import drop_session
+from filesync.host.scan import walk_digest
+from filesync.host.state import PairState
+from filesync.sync.engine import Options, Report, run_pass
+from filesync.transport.local import local_conduit
+
+RULE = ExcludeRule.build()
+#: Well outside the racy window.
+OLD_NS = 1_600_000_000_000_000_000
+SEALED = "both listings are as the last pass found them in sync: nothing to compare"
+
+
+class Pair:
+    def __init__(self, tmp_path: Path) -> None:
+        self.local, self.remote = tmp_path / "local", tmp_path / "remote"
+        self.state = tmp_path / "state"
+        self.logs: list[str] = []
+
+    def run(self, direction: Direction = Direction.PUSH, **kw: Any) -> Report:
+        self.logs = []
+        opts = Options(direction, rule=kw.pop("rule", RULE), state_dir=self.state,
+                       keep_state=False, log=self.logs.append, **kw)
+
+        async def main() -> Report:
+            conduit = local_conduit()
+            try:
+                return await run_pass(conduit, self.local, str(self.remote), opts)
+            finally:
+                await drop_session(conduit)
+                await conduit.close()
+
+        return asyncio.run(main())
+
+    @property
+    def sealed(self) -> bool:
+        return SEALED in self.logs
+
+    def pair_state(self) -> PairState:
+        (pair_dir,) = (self.state / "pairs").iterdir()
+        state = PairState(pair_dir)
+        state._connect()
+        return state
+
+
+def old(path: Path, ns: int = OLD_NS) -> None:
+    os.utime(path, ns=(ns, ns))
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Pair:
+    p = Pair(tmp_path)
+    for rel in ("a.txt", "d/b.txt", "d/e/c.sh"):
+        old(write(p.local / rel, f"{rel}\n"))
+    old(write(p.local / "node_modules" / "x.js", "excluded\n"))
+    return p
+
+
+def sealed_pair(pair: Pair) -> Pair:
+    pair.run()  # the first push
+    quiet = pair.run()  # finds everything in sync: seals
+    assert not pair.sealed and quiet.uploaded == 0
+    return pair
+
+
+def test_a_pass_on_the_sealed_listings_reads_and_plans_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = sealed_pair(pair).run()  # nothing changed since the sealing pass: not sealed yet
+    read: list[str] = []
+    real_ancestors = PairState.ancestors
+
+    def ancestors(self: PairState) -> Any:
+        read.append("ancestors")
+        return real_ancestors(self)
+
+    monkeypatch.setattr(PairState, "ancestors", ancestors)
+    report = pair.run()
+    assert pair.sealed and read == []
+    assert report.to_json() == {**full.to_json(), "seconds": report.to_json()["seconds"]}
+    assert report.excluded == full.excluded > 0
+    # A dry run and a pull take the seal as well (a pull's is its own: it seals anew).
+    assert not pair.run(dry_run=True).plan and pair.sealed
+    pair.run(Direction.PULL)
+    assert not pair.sealed
+    read.clear()
+    pair.run(Direction.PULL)
+    assert pair.sealed and read == []
+
+
+def _rewrite_same_stat(path: Path) -> None:
+    """New bytes, same size and mtime, through a new inode (as an editor's save does)."""
+    st = path.stat()
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(b"X" * st.st_size)
+    os.utime(tmp, ns=(st.st_mtime_ns, st.st_mtime_ns))
+    os.replace(tmp, path)
+
+
+def _host_edit(p: Pair) -> None:
+    old(write(p.local / "a.txt", "edited on the host\n"), OLD_NS + 10**9)
+
+
+def _host_chmod(p: Pair) -> None:
+    os.chmod(p.local / "d" / "e" / "c.sh", 0o755)
+
+
+def _host_new(p: Pair) -> None:
+    old(write(p.local / "new.txt", "new\n"))
+
+
+def _host_delete(p: Pair) -> None:
+    (p.local / "d" / "b.txt").unlink()
+
+
+def _host_same_stat(p: Pair) -> None:
+    _rewrite_same_stat(p.local / "a.txt")
+
+
+def _remote_edit(p: Pair) -> None:
+    old(write(p.remote / "d" / "b.txt", "edited remotely\n"), OLD_NS + 10**9)
+
+
+def _remote_chmod(p: Pair) -> None:
+    os.chmod(p.remote / "a.txt", 0o600)
+
+
+def _remote_new(p: Pair) -> None:
+    old(write(p.remote / "d" / "new.txt", "new remotely\n"))
+
+
+def _remote_delete(p: Pair) -> None:
+    (p.remote / "a.txt").unlink()
+
+
+def _remote_same_stat(p: Pair) -> None:
+    _rewrite_same_stat(p.remote / "d" / "b.txt")
+
+
+CHANGES: dict[str, Callable[[Pair], None]] = {
+    "host edit": _host_edit, "host chmod": _host_chmod, "host new file": _host_new,
+    "host delete": _host_delete, "host same size and mtime, new inode": _host_same_stat,
+    "remote edit": _remote_edit, "remote chmod": _remote_chmod,
+    "remote new file": _remote_new, "remote delete": _remote_delete,
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_any_change_after_the_seal_gets_the_full_pass_and_is_synced(
+    pair: Pair, change: str
+) -> None:
+    sealed_pair(pair)
+    CHANGES[change](pair)
+    expected_host = snapshot(pair.local) if change.startswith("host") else None
+    expected_remote = snapshot(pair.remote) if change.startswith("remote") else None
+    report = pair.run(Direction.SYNC)
+    assert not pair.sealed
+    changed = (report.uploaded + report.downloaded + report.deleted_local
+               + report.deleted_remote)
+    assert changed == 1, report.to_json()
+    host, remote = snapshot(pair.local), snapshot(pair.remote)
+    host.pop("node_modules/x.js")
+    assert host == remote
+    if expected_host is not None:
+        expected_host.pop("node_modules/x.js")
+        assert host == expected_host
+    if expected_remote is not None:
+        assert remote == expected_remote
+    for rel in remote:
+        modes = {(side / rel).stat().st_mode & 0o777 for side in (pair.local, pair.remote)}
+        assert len(modes) == 1, rel
+
+
+def _empty_transaction(state: PairState) -> None:
+    with state.transaction():
+        pass
+
+
+def test_a_remote_rewrite_keeping_size_and_mtime_is_not_sealed_over(pair: Pair) -> None:
+    """The remote quiet test trusts size, mtime and mode (the full pass finds no change
+    here either); the seal trusts no more than that: a new inode is a new listing."""
+    sealed_pair(pair)
+    _rewrite_same_stat(pair.remote / "d" / "b.txt")
+    pair.run()
+    assert not pair.sealed
+
+
+def test_every_write_of_the_state_drops_the_seal(pair: Pair) -> None:
+    sealed_pair(pair)
+    writes: list[Callable[[PairState], None]] = [
+        lambda s: s.put_ancestors([]),
+        lambda s: s.forget(["nothing"]),
+        lambda s: s.replace_local_cache([]),
+        lambda s: s.update_local_cache({"x": (1, 2, 3, "h")}, []),
+        lambda s: s.put_remote_cache([]),
+        lambda s: s.set_conflicts([], ["nothing"]),
+        _empty_transaction,
+    ]
+    for i, write_state in enumerate(writes):
+        state = pair.pair_state()
+        try:
+            assert state.seal() is not None, i
+            write_state(state)
+            assert state.seal() is None, i
+        finally:
+            state.close()
+        pair.run()
+        assert not pair.sealed, i  # a dropped seal is never taken: a full pass, which
+        # finds the pair in sync and seals it again for the next write
+
+
+def test_a_racy_host_mtime_leaves_no_seal(pair: Pair) -> None:
+    sealed_pair(pair)
+    os.utime(pair.local / "a.txt")  # same bytes, mtime now: in sync, but racy
+    report = pair.run()
+    assert not pair.sealed and report.uploaded == 0
+    state = pair.pair_state()
+    try:
+        assert state.seal() is None
+    finally:
+        state.close()
+    pair.run()
+    assert not pair.sealed
+
+
+def test_a_different_rule_gets_the_full_pass(pair: Pair) -> None:
+    sealed_pair(pair)
+    other = ExcludeRule.build(["nothing-here-*"])
+    pair.run(rule=other)
+    assert not pair.sealed
+    pair.run(rule=other)  # sealed under this rule now
+    assert pair.sealed
+    pair.run()
+    assert not pair.sealed
+
+
+def test_nothing_skipped_or_in_conflict_is_ever_sealed_over(pair: Pair) -> None:
+    (pair.local / "link").symlink_to("a.txt")
+    for _ in range(3):
+        report = pair.run()
+        assert not pair.sealed and [s.path for s in report.skipped] == ["link"]
+    (pair.local / "link").unlink()
+    pair.run()  # nothing skipped now: seals
+    pair.run()
+    assert pair.sealed
+    old(write(pair.local / "a.txt", "host side\n"), OLD_NS + 10**9)
+    old(write(pair.remote / "a.txt", "remote side\n"), OLD_NS + 2 * 10**9)
+    for _ in range(3):
+        report = pair.run(Direction.SYNC)
+        assert not pair.sealed and [c.path for c in report.open_conflicts] == ["a.txt"]
+
+
+def test_watched_and_dry_passes_leave_no_seal(pair: Pair) -> None:
+    pair.run()
+    pair.run(dry_run=True)
+    pair.run(watch=True)
+    state = pair.pair_state()
+    try:
+        assert state.seal() is None
+    finally:
+        state.close()
+
+
+def test_the_walk_digest_covers_every_field_of_every_row() -> None:
+    rows: list[list[object]] = [["a.txt", "f", 3, OLD_NS, 0o644, 1001, 1],
+                                ["d/b.txt", "f", 5, OLD_NS + 1, 0o600, 1002, 1]]
+    digest = walk_digest(rows, [], 2)
+    same = [[*map(_copy, row)] for row in rows]  # equal values, other objects
+    assert walk_digest(same, [], 2) == digest
+    for i in range(len(rows[0])):
+        changed = [list(row) for row in rows]
+        value = changed[1][i]
+        changed[1][i] = value + "x" if isinstance(value, str) else int(value) + 1  # type: ignore[call-overload]
+        assert walk_digest(changed, [], 2) != digest, i
+    assert walk_digest(rows[::-1], [], 2) != digest
+    assert walk_digest(rows, [["link", "symlink", ""]], 2) != digest
+    assert walk_digest(rows, [], 3) != digest
+
+
+def _copy(value: object) -> object:
+    return (value + "!")[:-1] if isinstance(value, str) else int(str(value))
