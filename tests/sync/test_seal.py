@@ -18,7 +18,7 @@ from synctree import snapshot, write
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import drop_session
-from filesync.host.scan import walk_digest
+from filesync.host.scan import DIGEST_ROWS, walk_digest
 from filesync.host.state import PairState
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.transport.local import local_conduit
@@ -297,3 +297,12 @@ def test_the_walk_digest_covers_every_field_of_every_row() -> None:
 
 def _copy(value: object) -> object:
     return (value + "!")[:-1] if isinstance(value, str) else int(str(value))
+
+
+def test_the_walk_digest_covers_rows_past_its_first_piece() -> None:
+    rows: list[list[object]] = [[f"f{i}", "f", 1, OLD_NS, 0o644, i, 1]
+                                for i in range(DIGEST_ROWS + 2)]
+    digest = walk_digest(rows, [], 0)
+    rows[-1][5] = 0  # the inode of the last row
+    assert walk_digest(rows, [], 0) != digest
+    assert walk_digest(rows[:-1], [], 0) != walk_digest(rows, [], 0)
