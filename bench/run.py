@@ -55,6 +55,10 @@ CIPHER = "aes128-gcm@openssh.com"
 RUN_TIMEOUT = 900.0
 AGENT = "filesync --persist"  # the same CLI through the opt-in persistent agent
 ASYNC = "filesync --ssh-client asyncssh"  # the plain CLI over the asyncssh client
+# Floors, timed beside the tools: what no tool over the same ssh can go below.
+LOGIN = "ssh HOST true"  # ssh's login and one session, with the default key exchange
+FLOOR = "python floor"  # bench/floor.py: the least a CPython sender/receiver pair does
+SSH_CAT = "ssh cat"  # the fan-out's bytes through one plain ssh per host
 GNU_TIME = "/usr/bin/time"  # Debian package "time"; without it peak RSS is not reported
 
 
@@ -630,6 +634,8 @@ class Bench:
             AGENT: fsa,
             ASYNC: fsx,
             "rsync": lambda r: self.run(self.rsync_argv(f"{self.main}/", f"{self.box.alias}:rs/")),
+            LOGIN: lambda r: self.run(["ssh", "-F", str(self.box.ssh_config), self.box.alias,
+                                       "true"]),
         }
         runs = self.ab("no-op push", self.cfg.n("noop"), tools)
         self.record("noop", "No-op push", runs, base="rsync")
@@ -876,11 +882,14 @@ class Bench:
             fs_dir, rs_dir, fsa_dir = f"s{label}-fs", f"s{label}-rs", f"s{label}-fsa"
             state = [self.w, self.w]
 
+            floor_dir = f"s{label}-floor"
+
             def setup(_r: int, fs_dir: str = fs_dir, rs_dir: str = rs_dir,
-                      fsa_dir: str = fsa_dir) -> None:
+                      fsa_dir: str = fsa_dir, floor_dir: str = floor_dir) -> None:
                 self.clear_remote(fs_dir)
                 self.clear_remote(rs_dir)
                 self.clear_remote(fsa_dir)
+                self.clear_remote(floor_dir)
 
             def fsa_init(_r: int, local: Path = local, fsa_dir: str = fsa_dir,
                          state: list[Path] = state) -> Sample:
@@ -899,9 +908,15 @@ class Bench:
                 AGENT: fsa_init,
                 "rsync": lambda r, local=local, rs_dir=rs_dir: self.run(
                     self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/")),
+                FLOOR: lambda r, local=local, floor_dir=floor_dir: self.run(
+                    [sys.executable, "-S", str(BENCH / "floor.py"), str(self.box.ssh_config),
+                     self.box.alias, floor_dir, str(local)]),
             }, setup)
             self.record(f"scale_{label}_initial", f"Initial push, {label} small files", runs,
                         base="rsync", files=n)
+            floored = sum(len(files) for _d, _s, files in os.walk(self.remote(floor_dir)))
+            self.check(f"scale {label}: the python floor wrote every file", floored == n,
+                       f"{floored} of {n}")
             self.verify(f"scale {label}: remote == local (filesync)", local,
                         self.remote(fs_dir))
             runs = self.ab(f"scale {label} no-op", self.cfg.n(f"scale_{label}_noop"), {
@@ -1027,15 +1042,29 @@ class Bench:
                     self.verify(f"fan-out: {b.alias} == local", self.main, self.remote("fan", b))
             return sample
 
+        # The floor: the tree's kept bytes through one plain ssh per host, all at once (each
+        # host's login and encryption, which no fan-out can share).
+        blob = self.w / "fan_blob"
+        blob.write_bytes(random.Random(7).randbytes(self.results["trees"]["main"]["kept_bytes"]))
+
+        def ssh_cat(bs: Sequence[sshd.SshdContainer]) -> Sample:
+            script = f'for h in "$@"; do ssh -F {shlex.quote(str(cfg))} "$h" "cat > /dev/null" ' \
+                     f'< {shlex.quote(str(blob))} & done; wait'
+            return self.run(["sh", "-c", script, "sh", *[b.alias for b in bs]], boxes=bs)
+
         runs = self.ab("fan-out push", reps, {
             many: push_many,
             one: lambda r: push(boxes[:1], True),
             a_many: lambda r: push(boxes, True, agent=True),
             a_one: lambda r: push(boxes[:1], True, agent=True),
+            f"{SSH_CAT} {n} hosts": lambda r: ssh_cat(boxes),
+            f"{SSH_CAT} 1 host": lambda r: ssh_cat(boxes[:1]),
         }, before=before)
         step = self.record("fanout", f"Initial push to {n} hosts at once vs 1 host", runs,
                            base=one, hosts=n, via="cli" if via_cli else "library (asyncio.gather)")
         self._agent_fan_ratio(step, a_many, a_one)
+        # (the floor is read by CPU, in ``floors``: no wall ratio against filesync)
+        step["ratios"] = {k: v for k, v in step["ratios"].items() if not k.startswith(SSH_CAT)}
         # the no-op below needs every host in sync with its state again
         before(0, many)
         push(boxes, True)
@@ -1158,6 +1187,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     add(f"{n}-host fan-out, client CPU vs 1 host", "<= 2.5x",
         many["cpu"] / one["cpu"] if many and one and one["cpu"] else None, 2.5)
     add("--persist no-op push", "<= 0.35x rsync", ratio("noop", f"{AGENT}/rsync"), 0.35)
+    out.extend(floors(steps, big_init))
     # Per-file cost, reported (the issue asks for the client CPU per 1,000 files).
     for kind, key in (("initial", big_init), ("no-op", big_noop)):
         med = steps.get(key, {}).get("median", {}).get("filesync")
@@ -1167,6 +1197,50 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         "target": "reported", "value": med["cpu"] / files * 1000,
                         "measured": f"{med['cpu'] / files * 1000 * 1000:.1f} ms", "met": None,
                         "info": True})
+    return out
+
+
+def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
+    """What no tool over the same ssh, or no CPython pipeline, goes below, from this run:
+    informational rows beside the targets they bound."""
+    out: list[dict[str, Any]] = []
+
+    def med(step: str, tool: str, key: str = "wall") -> float | None:
+        m = steps.get(step, {}).get("median", {}).get(tool)
+        return m[key] if m else None
+
+    def info(name: str, value: float | None, shown: str) -> None:
+        if value is not None:
+            out.append({"name": name, "target": "floor", "value": round(value, 4),
+                        "measured": shown, "met": None, "info": True})
+
+    login = med("noop", LOGIN)
+    for step, what in (("initial", "cold initial push"), ("noop", "cold no-op push"),
+                       ("pull", "cold pull of 10 remote edits")):
+        rsync = med(step, "rsync")
+        if login is not None and rsync:
+            info(f"floor of the {what}: `{LOGIN}` alone vs rsync", login / rsync,
+                 f"{login / rsync:.2f}x")
+    fl, rs = med(big_init, FLOOR), med(big_init, "rsync")
+    if fl is not None and rs:
+        info(f"floor of the {big_init[len('scale_'):-len('_initial')]}-file initial push: "
+             f"`{FLOOR}` vs rsync", fl / rs, f"{fl / rs:.2f}x")
+    fan = steps.get("fanout", {})
+    n = fan.get("hosts", 8)
+    one_fs = med("fanout", "filesync 1 host", "cpu")
+    ssh_many = med("fanout", f"{SSH_CAT} {n} hosts", "cpu")
+    ssh_one = med("fanout", f"{SSH_CAT} 1 host", "cpu")
+    if one_fs and ssh_many is not None and ssh_one is not None:
+        # One host's filesync run, plus only the ssh cost of each further host.
+        bound = (one_fs + ssh_many - ssh_one) / one_fs
+        info(f"floor of the {n}-host fan-out CPU ratio: one host's run plus each other "
+             f"host's `{SSH_CAT}` CPU", bound, f"{bound:.2f}x")
+    bf = steps.get("bigfile")
+    if bf and "ssh cat > file" in bf.get("throughput_mib_s", {}):
+        thr = bf["throughput_mib_s"]
+        share = thr["ssh cat > file"] / thr["ssh cat"]
+        info("1 GiB: `ssh cat > file` (storing alone) vs `ssh cat`", share,
+             f"{share * 100:.0f}%")
     return out
 
 

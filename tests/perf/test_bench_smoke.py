@@ -94,6 +94,9 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
     # the agent's own CPU is counted into its runs, not left out
     assert all(r["cpu"] > 0 for r in result["steps"]["initial"]["runs"][AGENT])
     assert result["steps"]["fanout"]["hosts"] == 2
+    # the floors are timed beside the tools
+    assert "ssh HOST true" in result["steps"]["noop"]["runs"]
+    assert {"ssh cat 2 hosts", "ssh cat 1 host"} <= set(result["steps"]["fanout"]["runs"])
 
 
 def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Path]) -> None:
@@ -111,6 +114,14 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
                  "100k-file no-op push", "100k-file no-op push [--persist]",
                  "100k-file initial push", "100k-file initial push, client peak RSS"):
         assert targets[name]["met"] is None, name
+    # floors are reported beside the targets they bound, never judged
+    floors = {n: t for n, t in targets.items() if t["target"] == "floor"}
+    assert {"floor of the cold initial push: `ssh HOST true` alone vs rsync",
+            "floor of the cold no-op push: `ssh HOST true` alone vs rsync",
+            "floor of the cold pull of 10 remote edits: `ssh HOST true` alone vs rsync",
+            "floor of the 2-host fan-out CPU ratio: one host's run plus each other host's "
+            "`ssh cat` CPU"} <= set(floors)
+    assert all(t["met"] is None and t["value"] > 0 for t in floors.values())
 
 
 def test_every_correctness_check_in_the_bench_passed(smoke: tuple[dict[str, Any], Path]) -> None:
