@@ -1,12 +1,16 @@
-"""The least a CPython sender and receiver can do to push a tree over ssh: a floor.
+"""Floors: the least a CPython tool with a CPython helper over ssh can do.
 
-``python3 floor.py SSH_CONFIG HOST REMOTE_DIR LOCAL_DIR`` walks ``LOCAL_DIR`` (scandir,
+``python3 -S floor.py start SSH_CONFIG HOST`` runs ``ssh HOST python3 -I -S -c pass`` and
+waits for it: this interpreter's start, ssh's login and one session, and the remote
+interpreter's start, the fixed cost any such tool pays before it does anything.
+
+``python3 -S floor.py push SSH_CONFIG HOST REMOTE_DIR LOCAL_DIR`` walks ``LOCAL_DIR`` (scandir,
 one stat per entry), reads every file whole, and streams ``path, bytes, mtime`` records
 through one ``ssh HOST python3 -I -S -c RECEIVER``; the receiver writes each file to a
 temp name, sets its mtime and renames it into place. No hashing, no fsync, no state, no
 per-file results, no path-safety checks, no exclusions: everything filesync must do more
-is left out. ``bench/run.py`` times it beside filesync and rsync on the scale trees, so the
-gap to rsync that no CPython implementation of the protocol can close shows in the same run.
+is left out. ``bench/run.py`` times both beside filesync and rsync, so the gap to rsync
+that no CPython implementation of the protocol can close shows in the same run.
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ def send(top: str, prefix: str, out: IO[bytes]) -> None:
 
 
 def main() -> int:
-    cfg, host, remote_dir, local_dir = sys.argv[1:5]
+    mode, cfg, host, *rest = sys.argv[1:]
+    if mode == "start":
+        return subprocess.call(["ssh", "-F", cfg, host, "python3 -I -S -c pass"])
+    remote_dir, local_dir = rest
     command = f"python3 -I -S -c {shlex.quote(RECEIVER)} {shlex.quote(remote_dir)}"
     proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
                             bufsize=1 << 20)

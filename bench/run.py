@@ -57,6 +57,7 @@ AGENT = "filesync --persist"  # the same CLI through the opt-in persistent agent
 ASYNC = "filesync --ssh-client asyncssh"  # the plain CLI over the asyncssh client
 # Floors, timed beside the tools: what no tool over the same ssh can go below.
 LOGIN = "ssh HOST true"  # ssh's login and one session, with the default key exchange
+STARTS = "CPython, ssh, CPython"  # bench/floor.py start: that, between two interpreter starts
 FLOOR = "python floor"  # bench/floor.py: the least a CPython sender/receiver pair does
 SSH_CAT = "ssh cat"  # the fan-out's bytes through one plain ssh per host
 GNU_TIME = "/usr/bin/time"  # Debian package "time"; without it peak RSS is not reported
@@ -636,6 +637,8 @@ class Bench:
             "rsync": lambda r: self.run(self.rsync_argv(f"{self.main}/", f"{self.box.alias}:rs/")),
             LOGIN: lambda r: self.run(["ssh", "-F", str(self.box.ssh_config), self.box.alias,
                                        "true"]),
+            STARTS: lambda r: self.run([sys.executable, "-S", str(BENCH / "floor.py"), "start",
+                                        str(self.box.ssh_config), self.box.alias]),
         }
         runs = self.ab("no-op push", self.cfg.n("noop"), tools)
         self.record("noop", "No-op push", runs, base="rsync")
@@ -909,7 +912,8 @@ class Bench:
                 "rsync": lambda r, local=local, rs_dir=rs_dir: self.run(
                     self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/")),
                 FLOOR: lambda r, local=local, floor_dir=floor_dir: self.run(
-                    [sys.executable, "-S", str(BENCH / "floor.py"), str(self.box.ssh_config),
+                    [sys.executable, "-S", str(BENCH / "floor.py"), "push",
+                     str(self.box.ssh_config),
                      self.box.alias, floor_dir, str(local)]),
             }, setup)
             self.record(f"scale_{label}_initial", f"Initial push, {label} small files", runs,
@@ -1214,13 +1218,18 @@ def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
             out.append({"name": name, "target": "floor", "value": round(value, 4),
                         "measured": shown, "met": None, "info": True})
 
-    login = med("noop", LOGIN)
     for step, what in (("initial", "cold initial push"), ("noop", "cold no-op push"),
                        ("pull", "cold pull of 10 remote edits")):
         rsync = med(step, "rsync")
-        if login is not None and rsync:
-            info(f"floor of the {what}: `{LOGIN}` alone vs rsync", login / rsync,
-                 f"{login / rsync:.2f}x")
+        for tool in (LOGIN, STARTS):
+            fixed = med("noop", tool)
+            if fixed is not None and rsync:
+                info(f"floor of the {what}: `{tool}` alone vs rsync", fixed / rsync,
+                     f"{fixed / rsync:.2f}x")
+    tar, rsync = med("initial", "tar"), med("initial", "rsync")
+    if tar is not None and rsync:
+        info("floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
+             "vs rsync", tar / rsync, f"{tar / rsync:.2f}x")
     fl, rs = med(big_init, FLOOR), med(big_init, "rsync")
     if fl is not None and rs:
         info(f"floor of the {big_init[len('scale_'):-len('_initial')]}-file initial push: "

@@ -95,7 +95,7 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
     assert all(r["cpu"] > 0 for r in result["steps"]["initial"]["runs"][AGENT])
     assert result["steps"]["fanout"]["hosts"] == 2
     # the floors are timed beside the tools
-    assert "ssh HOST true" in result["steps"]["noop"]["runs"]
+    assert {"ssh HOST true", "CPython, ssh, CPython"} <= set(result["steps"]["noop"]["runs"])
     assert {"ssh cat 2 hosts", "ssh cat 1 host"} <= set(result["steps"]["fanout"]["runs"])
 
 
@@ -119,6 +119,9 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
     assert {"floor of the cold initial push: `ssh HOST true` alone vs rsync",
             "floor of the cold no-op push: `ssh HOST true` alone vs rsync",
             "floor of the cold pull of 10 remote edits: `ssh HOST true` alone vs rsync",
+            "floor of the cold no-op push: `CPython, ssh, CPython` alone vs rsync",
+            "floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
+            "vs rsync",
             "floor of the 2-host fan-out CPU ratio: one host's run plus each other host's "
             "`ssh cat` CPU"} <= set(floors)
     assert all(t["met"] is None and t["value"] > 0 for t in floors.values())
