@@ -1146,10 +1146,6 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     def ratio(step: str, key: str) -> float | None:
         return steps.get(step, {}).get("ratios", {}).get(key)
 
-    def wall(step: str, tool: str) -> float | None:
-        m = steps.get(step, {}).get("median", {}).get(tool)
-        return m["wall"] if m else None
-
     # The OpenSSH-transport issue's targets: the plain CLI (no agent, no master of the
     # user's), over both clients where the step runs both, plus the two --persist targets.
     clients = (("filesync", ""), (ASYNC, " [asyncssh]"))

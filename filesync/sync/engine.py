@@ -200,7 +200,7 @@ async def _pass(
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
     clean = not (report.skipped or report.errors or report.open_conflicts)
-    seal = seal_for(opts, scans.local, scans.remote.digest, scans.excluded, planned, clean)
+    seal = seal_for(opts, scans, planned, clean)
     if seal is not None:
         inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 

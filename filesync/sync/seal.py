@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 
-from filesync.host.scan import RACY_NS, LocalScan
+from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
-from filesync.sync.inputs import Options, Planned
+from filesync.sync.inputs import Options, Planned, Scans
 from filesync.version import __version__
 
 
@@ -41,18 +41,17 @@ def may_use(opts: Options) -> bool:
     return not opts.watch and opts.host_scans is None
 
 
-def seal_for(opts: Options, local: LocalScan, remote_digest: str, excluded: int,
-             planned: Planned, clean: bool) -> Seal | None:
+def seal_for(opts: Options, scans: Scans, planned: Planned, clean: bool) -> Seal | None:
     """The seal a finished pass leaves, or None when it may not leave one (see the module
     doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open."""
-    host = local.listing
+    host, remote = scans.local.listing, scans.remote
     if not (clean and planned.in_sync and may_use(opts) and not opts.dry_run
-            and host.digest and remote_digest and host.entries):
+            and host.digest and remote.digest and host.entries):
         return None
     newest = max(e.mtime_ns for e in host.entries.values())
-    if newest >= local.started_ns - RACY_NS:
+    if newest >= scans.local.started_ns - RACY_NS:
         return None
-    return Seal(fingerprint(opts), host.digest, remote_digest, excluded)
+    return Seal(fingerprint(opts), host.digest, remote.digest, scans.excluded)
 
 
 __all__ = ["fingerprint", "may_use", "seal_for"]
