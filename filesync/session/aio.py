@@ -24,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
@@ -45,6 +46,7 @@ from filesync.errors import (
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
 from filesync.session.selfsync import refuse_self_sync
+from filesync.session.watch import OnReport, WatchLoop
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.transport.base import Conduit
 from filesync.transport.local import CommandConduit
@@ -163,6 +165,8 @@ class AsyncSession:
         self._checked: set[tuple[Path, str]] = set()
         self._lock: asyncio.Lock | None = None
         self._closed = False
+        #: The running ``watch`` loops (``filesync.session.watch``).
+        self._watches: list[WatchLoop] = []
         #: How many connections this session opened (one, unless one was lost).
         self.connections_opened = 0
 
@@ -184,8 +188,30 @@ class AsyncSession:
         """The plan ``sync`` would carry out (``report.plan``), changing nothing."""
         return await self._call(Call.STATUS, mappings)
 
+    async def watch(self, mappings: Mappings, on_report: OnReport | None = None, *,
+                    force_polling: bool = False) -> WatchLoop:
+        """Sync ``mappings`` now, then again whenever either side changes, until the
+        returned loop's ``stop()`` (which runs a last pass) or ``close()``. ``on_report``
+        gets each pass's report; see ``filesync.session.watch`` and docs/library.md."""
+        if self._closed:
+            raise closed_error()
+        self._watch = True  # both sides' trees stay watched between passes
+        self._options = dataclasses.replace(self._options, watch=True)
+        loop = WatchLoop(self, mappings, on_report, force_polling=force_polling)
+        self._watches.append(loop)
+        try:
+            await loop.start()
+        except BaseException:
+            self._watches.remove(loop)
+            raise
+        return loop
+
     async def close(self) -> None:
-        """Wait for the running call, then end the helper and the connection."""
+        """Stop every watch (after its last pass), wait for the running call, then end
+        the helper and the connection."""
+        for loop in list(self._watches):
+            with contextlib.suppress(Exception):
+                await loop.stop()
         self._closed = True
         async with self._serial():
             conduit, self._conduit = self._conduit, None
@@ -215,6 +241,8 @@ class AsyncSession:
         items = as_list(mappings)
         if self._closed:
             raise closed_error()
+        for loop in self._watches:
+            loop.interrupt()
         async with self._serial():
             if self._closed:
                 raise closed_error()

@@ -19,6 +19,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -34,6 +35,7 @@ from filesync.session.aio import (
     StrPath,
     closed_error,
 )
+from filesync.session.watch import OnReport, WatchLoop
 
 T = TypeVar("T")
 
@@ -103,8 +105,18 @@ class Session:
         """``AsyncSession.status``, blocking."""
         return self._submit(lambda: self._impl.status(mappings))
 
+    def watch(self, mappings: Mappings, on_report: OnReport | None = None, *,
+              force_polling: bool = False) -> Watch:
+        """``AsyncSession.watch``: returns once the first pass is done; the passes then
+        run on the session's loop thread (``on_report`` is called there) until the
+        handle's ``stop()`` or ``close()``."""
+        loop = self._submit(lambda: self._impl.watch(mappings, on_report,
+                                                      force_polling=force_polling))
+        return Watch(self, loop)
+
     def close(self) -> None:
-        """Wait for a running call, close the connection, stop the loop thread."""
+        """Stop every watch (after its last pass), wait for a running call, close the
+        connection, stop the loop thread."""
         self._refuse_own_thread()
         with self._guard:
             self._closed = True
@@ -173,3 +185,53 @@ class Session:
             ready.wait()
             self._loop, self._thread = loop, thread
         return self._loop
+
+
+class Watch:
+    """A running ``Session.watch``: ``stop()`` (from any thread but the session's own)
+    runs a last pass and ends it, raising what stopped it early, if anything."""
+
+    def __init__(self, session: Session, loop: WatchLoop) -> None:
+        self._session = session
+        self.loop = loop
+
+    @property
+    def passes(self) -> int:
+        """Passes run so far (the first included)."""
+        return self.loop.passes
+
+    @property
+    def running(self) -> bool:
+        return self.loop.running
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the watch early (a safety guard, say), or None."""
+        return self.loop.error
+
+    def stop(self) -> None:
+        self._session._refuse_own_thread()
+        aio_loop = self._session._loop
+        if aio_loop is None:  # the session was closed: close() stopped the watch
+            if self.loop.error is not None:
+                raise self.loop.error
+            return
+        asyncio.run_coroutine_threadsafe(self.loop.stop(), aio_loop).result()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the watch ends (an error, ``stop``); False if ``timeout`` passed."""
+        self._session._refuse_own_thread()
+        aio_loop = self._session._loop
+        if aio_loop is None:
+            return True
+        future = asyncio.run_coroutine_threadsafe(self._ended(), aio_loop)
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            return False
+        return True
+
+    async def _ended(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.loop.wait()

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import stat
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -37,6 +39,9 @@ from filesync.tree.wire import (
 
 #: How many (root, rule) listings one helper remembers for delta replies.
 MAX_REMEMBERED = 4
+#: ``wait``: the longest it blocks, and how long a burst of events is waited out at most.
+MAX_WAIT = 300.0
+MAX_SETTLE = 1.0
 
 
 class Server:
@@ -138,6 +143,47 @@ class Server:
         self.chan.send_json(reply, b"Z")
         self.watched.put(key, (self.generation, tree))
         return True
+
+    def op_wait(self, req: dict[str, Any]) -> None:
+        """Block until a watched root changes, the client sends anything, or ``timeout``.
+
+        ``roots``: the ``{"root", "names", "patterns"}`` of watched listings (``"watch":
+        true`` listings made them). The reply is ``{"changed": bool, "watched": n}``,
+        ``watched`` counting the roots that are watched here (the client polls the
+        others). After the first event it waits for ``settle`` seconds without one (at
+        most ``MAX_SETTLE``), so a burst of writes is one reply; the events are kept for
+        the next listing, which lists again only those directories. Any byte from the
+        client (its ``wake``, or its next request) ends the wait at once, so the client
+        never waits for a reply to reach its helper, and an idle wait costs no CPU: it
+        sleeps in ``select``.
+        """
+        trees = []
+        for item in req["roots"]:
+            key = json.dumps([self.resolve(item["root"]), item["names"], item["patterns"]])
+            held = self.watched.get(key)
+            if held is not None and held[1].ifd >= 0:
+                trees.append(held[1])
+        timeout = min(max(float(req.get("timeout", 0)), 0.0), MAX_WAIT)
+        settle = min(max(float(req.get("settle", 0)), 0.0), MAX_SETTLE)
+        inp = _input_fd(self.chan.inp)
+        changed = False
+        if trees and inp is not None:
+            by_fd = {tree.ifd: tree for tree in trees}
+            deadline = time.monotonic() + timeout
+            while not changed:
+                left = deadline - time.monotonic()
+                if left <= 0 or _buffered(self.chan.inp):
+                    break
+                ready, _, _ = select.select([*by_fd, inp], [], [], left)
+                changed = _absorb(ready, by_fd)
+                if inp in ready:
+                    break
+            until = time.monotonic() + MAX_SETTLE
+            while changed and (left := until - time.monotonic()) > 0:
+                ready, _, _ = select.select([*by_fd, inp], [], [], min(settle, left))
+                if inp in ready or not _absorb(ready, by_fd):
+                    break
+        self.chan.send_json({"changed": changed, "watched": len(trees)})
 
     def op_fetch(self, req: dict[str, Any]) -> None:
         rfd = self.root_fd(req["root"], False)
@@ -284,6 +330,7 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
         "fetch": server.op_fetch,
         "send": server.op_send,
         "delete": server.op_delete,
+        "wait": server.op_wait,
     }
     chan.send_json(server.hello())
     if dog is not None:  # after the hello: a client that saw the thread saw the hello
@@ -301,6 +348,8 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
         if op == "bye":
             chan.send_json({"bye": True})
             return
+        if op == "wake":  # ends a ``wait`` (done by its arrival); nothing to answer
+            continue
         if op == "keepalive":  # {"every": seconds}: the client's pace; no reply
             every = req.get("every")
             if dog is not None and isinstance(every, int | float) and every > 0:
@@ -324,6 +373,37 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
         finally:
             if dog is not None:
                 dog.end()
+
+
+def _absorb(ready: list[int], by_fd: dict[int, WatchedTree]) -> bool:
+    """Read the events of the ready watched trees; True if any was ready."""
+    trees = [by_fd[fd] for fd in ready if fd in by_fd]
+    for tree in trees:
+        tree.absorb()
+    return bool(trees)
+
+
+def _input_fd(inp: IO[bytes]) -> int | None:
+    try:
+        return inp.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _buffered(inp: IO[bytes]) -> bool:
+    """Whether the client's next bytes were already read into ``inp``'s buffer (where
+    ``select`` cannot see them)."""
+    peek = getattr(inp, "peek", None)
+    if peek is None:
+        return False
+    fd = inp.fileno()
+    os.set_blocking(fd, False)
+    try:
+        return bool(peek(1))
+    except OSError:
+        return False
+    finally:
+        os.set_blocking(fd, True)
 
 
 def _widen_pipes() -> None:

@@ -119,6 +119,8 @@ class WatchedTree:
         self.blind = False
         #: directories holding files with more than one link
         self.linked: set[str] = set()
+        #: prefixes drained by ``absorb`` ahead of the next refresh (None: a walk is due)
+        self.pending: set[str] | None = set()
 
     @classmethod
     def create(cls, root: str, matcher: Matcher) -> WatchedTree | None:
@@ -140,6 +142,8 @@ class WatchedTree:
         None after a full walk. Raises ``OSError`` when watching failed (the caller walks).
         """
         dirty = self._drain() if self.ifd >= 0 and not self.blind else None
+        early, self.pending = self.pending, set()
+        dirty = None if dirty is None or early is None else dirty | early
         if dirty is None or time.monotonic() - self.walked_at > self.FULL_EVERY:
             self._walk_all()
             return (*self._gather(), None)
@@ -161,6 +165,17 @@ class WatchedTree:
                 self._walk_all()
                 return (*self._gather(), None)
         return (*self._gather(), (changed, removed))
+
+    def absorb(self) -> None:
+        """Read the pending events now, keeping what they say for the next refresh.
+
+        Lets a waiter (``filesync.tree.server``'s ``wait``) tell when a burst of changes
+        has settled (the descriptor is readable again only for new events).
+        """
+        if self.ifd < 0:
+            return
+        dirty = self._drain()
+        self.pending = None if dirty is None or self.pending is None else self.pending | dirty
 
     def _relist(self, prefix: str, changed: list[list[Any]], removed: list[str],
                 inodes: set[int]) -> bool:
@@ -220,7 +235,7 @@ class WatchedTree:
     def _walk_all(self) -> None:
         self.close()
         self.dirs, self.paths, self.wds = {}, {"": self.root}, {}
-        self.blind, self.linked = False, set()
+        self.blind, self.linked, self.pending = False, set(), set()
         self.walked_at = time.monotonic()
         self.walks += 1
         self.ifd = self.api.open()
