@@ -20,6 +20,12 @@ directory); the innermost of nested mappings owns a path
 (:func:`filesync.mapping.nested_excludes`), so an outer mapping's passes leave an inner
 one's files alone on both sides; and a mapping whose remote root is its local tree reached
 twice is refused at setup with ``SelfSync`` before anything changed.
+
+With ``watch=True`` the mappings are synced continuously after the setup push
+(``AsyncSession.watch``): what the remote agent writes reaches the host while the session
+runs, and host edits reach the remote without waiting for a command. Teardown stops the
+watch (after its last pass) before the commands' trees are pulled; a watch stopped early
+(a safety guard, the connection lost) is logged and kept in ``sync_back_errors``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from filesync import (
     Mapping,
     Report,
     SessionReport,
+    WatchLoop,
     default_state_dir,
     drop_session,
     open_ssh,
@@ -102,6 +109,7 @@ class SSHTerminal:
         exclude: Sequence[str] = (),
         accept_new_host_key: bool = False,
         ssh_client: str | None = None,
+        watch: bool = False,
     ) -> None:
         self.host, self.user, self.port = host, user, port
         self.ssh_config = optional_local_path(ssh_config)
@@ -129,6 +137,9 @@ class SSHTerminal:
         self._session: AsyncSession | None = None
         self._commands: Commands | None = None
         self._last_push = 0.0
+        #: sync continuously while the session runs (see the module docstring)
+        self.watch = watch
+        self._watch: WatchLoop | None = None
 
     # -- setup and teardown -----------------------------------------------------
 
@@ -152,6 +163,8 @@ class SSHTerminal:
             self._base_env = parse_env0(_decode(base.stdout))
             self._base_env.pop(TAG_VAR, None)
             await self.push()
+            if self.watch and self.mappings:
+                self._watch = await self._session.watch(self.mappings, self._keep)
             await self._snapshot()
         except BaseException:
             await self._close(polite=False)
@@ -166,6 +179,7 @@ class SSHTerminal:
     ) -> None:
         try:
             await self._kill_commands()  # nothing may still write into a tree being pulled
+            await self._stop_watch()
             await self.sync_back()
         finally:
             await self._close(polite=True)
@@ -178,8 +192,18 @@ class SSHTerminal:
             except FilesyncError as exc:
                 log.warning("could not kill the remote commands: %s", exc)
 
+    async def _stop_watch(self) -> None:
+        watching, self._watch = self._watch, None
+        if watching is not None:
+            try:
+                await watching.stop()
+            except FilesyncError as exc:
+                log.warning("the watch stopped: %s", exc)
+                self.sync_back_errors.append(exc)
+
     async def _close(self, *, polite: bool) -> None:
         await self._kill_commands()
+        await self._stop_watch()
         # The session runs on the terminal's connection, so ending the helper and closing
         # the connection here is all its close() would do; it is never called again.
         self._session = None

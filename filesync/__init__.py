@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from filesync.endpoint.connect import drop_session
     from filesync.host.state import default_state_dir
     from filesync.profile_d import profile_snippet
-    from filesync.session import AsyncSession, Session, SessionReport
+    from filesync.session import AsyncSession, Session, SessionReport, Watch, WatchLoop
     from filesync.sync.engine import Options, Report, TransferFailed, run_pass
     from filesync.transport.base import Conduit, RemoteProcess
     from filesync.transport.ssh.conduit import SshTarget
@@ -69,6 +69,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "AsyncSession": ("filesync.session", "AsyncSession"),
     "Session": ("filesync.session", "Session"),
     "SessionReport": ("filesync.session", "SessionReport"),
+    "Watch": ("filesync.session", "Watch"),
+    "WatchLoop": ("filesync.session", "WatchLoop"),
     "TransferFailed": ("filesync.sync.engine", "TransferFailed"),
     "Options": ("filesync.sync.engine", "Options"),
     "Report": ("filesync.sync.engine", "Report"),
@@ -85,7 +87,8 @@ __all__ = [
     "ConnectionLost", "Direction", "ExcludeRule", "FilesyncError", "LockBusy", "Mapping",
     "Options", "PatternError", "RemoteProcess", "RemoteSilent", "Report", "SafetyRefusal",
     "SelfSync", "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
-    "TransferFailed", "TransportError", "UsageError", "__version__", "connect_ssh",
+    "TransferFailed", "TransportError", "UsageError", "Watch", "WatchLoop", "__version__",
+    "connect_ssh",
     "default_state_dir", "drop_session", "nested_excludes", "open_ssh", "profile_snippet",
     "run_pass",
 ]  # fmt: skip

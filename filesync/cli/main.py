@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         _common(sub.add_parser(name, help=text, description=text),
                 fanout=name == "push", config=name != "undo")
+    text = "sync both ways whenever either side changes, until Ctrl-C or SIGTERM"
+    _common(sub.add_parser("watch", help=text, description=text))
     resolve = sub.add_parser("resolve", help="settle one conflict")
     _common(resolve, config=False)
     resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
@@ -334,6 +336,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from filesync.cli.demo import run_demo
 
         return run_demo(args.keep_dir)
+    if args.command == "watch":
+        from filesync.cli.watch import run_watch
+
+        return run_watch(request_from(args))
     import asyncio
 
     from filesync.cli.commands import run_command
@@ -379,7 +385,7 @@ def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
         raise UsageError("give LOCAL REMOTE (or --config FILE)")
     else:
         local = local_root(args.local,
-                           files=args.command in ("push", "pull", "sync", "status"))
+                           files=args.command in ("push", "pull", "sync", "status", "watch"))
         targets = tuple(parse_remote(text, args.via) for text in remotes)
     return Request(
         command=args.command, settings=settings, connect=connect, output=output,

@@ -5,7 +5,10 @@ The library face for agent frameworks (above ``filesync.sync``, below ``filesync
 - ``AsyncSession`` for asyncio code; ``Session``, its blocking twin, for threaded code
   (any thread, none needs an event loop; concurrent calls are serialized; ``close()``
   from another thread works);
-- ``SessionReport``: a ``Report`` summed over a call's passes, with each pass's own.
+- ``SessionReport``: a ``Report`` summed over a call's passes, with each pass's own;
+- ``watch()``: continuous two-way sync, a pass whenever either side changes
+  (``filesync.session.watch``), ended by its handle's ``stop()`` (``Watch`` for
+  ``Session``, ``WatchLoop`` for ``AsyncSession``).
 
 The guarantees of each call are in ``filesync.session.aio``; the mapping rules (single
 files, nested mappings, upload-only) in ``filesync.session.passes``; the self-sync guard
@@ -13,6 +16,7 @@ in ``filesync.session.selfsync``. ``docs/library.md`` is the user's guide.
 """
 
 from filesync.session.aio import AsyncSession, SessionReport
-from filesync.session.blocking import Session
+from filesync.session.blocking import Session, Watch
+from filesync.session.watch import WatchLoop
 
-__all__ = ["AsyncSession", "Session", "SessionReport"]
+__all__ = ["AsyncSession", "Session", "SessionReport", "Watch", "WatchLoop"]

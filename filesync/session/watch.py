@@ -163,7 +163,7 @@ class WatchLoop:
                 self.session._watches.remove(self)
 
     async def _changed(self, remote: list[tuple[str, ExcludeRule]]) -> bool:
-        """Wait for a reason to run a pass; False when the wait ran out with none."""
+        """Wait for a reason to run a pass; False when a wait ran out with none."""
         if self._host_dirty:
             return True
         session = self.session
@@ -172,32 +172,29 @@ class WatchLoop:
             if self._host_dirty or self._stop.is_set():
                 return True
             conduit = session._conduit
-            waited = None
-            if conduit is not None and conduit.alive and remote:
+            if not remote or conduit is None or not conduit.alive:
+                waited = None  # nothing to wait on there; a lost connection: the pass says so
+            else:
                 endpoint = await session_for(conduit, session._log, watch=True)
                 self._waiting = True
                 try:
-                    waited = await wait_change(endpoint, remote,
-                                               POLL if self._polled_remote else WAIT,
-                                               SETTLE, self._wake)
+                    waited = await wait_change(endpoint, remote, WAIT, SETTLE, self._wake)
                 except TransportError:
                     return True  # the pass finds the connection gone and says so
                 finally:
                     self._waiting = False
-            if waited is not None and waited.watched < len(remote) and not self._polled_remote:
-                self._polled_remote = True
-                self._log("the remote tree cannot be watched there; polling it every "
-                          f"{POLL:g} s instead")
-                return True
-            if waited is not None and waited.watched == len(remote):
-                self._polled_remote = False
-                return waited.changed or waited.woken
-        if remote or self._polled_remote:
-            # Nothing to wait on (no helper, or roots it cannot watch): poll.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL)
+                if waited is not None and waited.watched == len(remote):
+                    self._polled_remote = False
+                    return waited.changed or waited.woken
+                if not self._polled_remote:
+                    self._polled_remote = True
+                    self._log("the remote tree cannot be watched there; polling it every "
+                              f"{POLL:g} s instead")
+        if not remote:
+            await self._wake.wait()  # push-only mappings: the host alone drives the passes
             return True
-        await self._wake.wait()  # push-only mappings: the host alone drives the passes
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), POLL)
         return True
 
     async def _one_pass(self, *, retry: bool) -> None:

@@ -149,8 +149,8 @@ class Server:
 
         ``roots``: the ``{"root", "names", "patterns"}`` of watched listings (``"watch":
         true`` listings made them). The reply is ``{"changed": bool, "watched": n}``,
-        ``watched`` counting the roots that are watched here (the client polls the
-        others). After the first event it waits for ``settle`` seconds without one (at
+        ``watched`` counting the roots that are watched here; unless all are, the
+        reply comes at once (the client polls). After the first event it waits for ``settle`` seconds without one (at
         most ``MAX_SETTLE``), so a burst of writes is one reply; the events are kept for
         the next listing, which lists again only those directories. Any byte from the
         client (its ``wake``, or its next request) ends the wait at once, so the client
@@ -167,7 +167,8 @@ class Server:
         settle = min(max(float(req.get("settle", 0)), 0.0), MAX_SETTLE)
         inp = _input_fd(self.chan.inp)
         changed = False
-        if trees and inp is not None:
+        # A root not watched here is the client's to poll: it is told so at once.
+        if trees and inp is not None and len(trees) == len(req["roots"]):
             by_fd = {tree.ifd: tree for tree in trees}
             deadline = time.monotonic() + timeout
             while not changed:
