@@ -339,6 +339,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "watch":
         from filesync.cli.watch import run_watch
 
+        # (FILESYNC_PERSIST in the environment is for the other commands: not refused)
+        if args.persist and not os.environ.get("FILESYNC_PERSIST"):
+            raise UsageError("watch keeps its own connection for as long as it runs; "
+                             "drop --persist")
         return run_watch(request_from(args))
     import asyncio
 

@@ -1,9 +1,10 @@
 """``filesync watch LOCAL REMOTE`` / ``--config FILE``: sync passes whenever either side
 changes, until Ctrl-C or SIGTERM, then one last pass (``filesync.session.watch``).
 
-Output: with ``-v`` one summary line per pass (and a line per file moved), without it
-only the passes that moved something or met a conflict; ``--json`` prints each pass's
-report as one line (JSON Lines, the document of ``docs/json.md`` per pass). Exit codes:
+``--timeout`` bounds each pass. Output: with ``-v`` one summary line per pass (and a line
+per file moved), without it only the passes that moved something or met a conflict;
+``--json`` prints each pass's report as one line (JSON Lines, the document of
+``docs/json.md`` per pass). Exit codes:
 0 when stopped by a signal after the last pass, 3 when a safety guard stopped the watch,
 1 when a pass failed otherwise (the first pass's failure included: nothing is watched).
 """
@@ -62,7 +63,7 @@ def _session(req: Request, target: Target) -> AsyncSession:
         exclude=settings.exclude, default_excludes=settings.default_excludes,
         force=settings.force, lock_timeout=settings.lock_timeout,
         max_file_size=settings.max_file_size, max_pull_bytes=settings.max_pull_bytes,
-        watch=True, log=_log(req),
+        timeout=settings.timeout or None, watch=True, log=_log(req),
     )
     session._options = replace(session._options, idle_timeout=settings.idle_timeout)
     return session

@@ -150,8 +150,9 @@ class Server:
         ``roots``: the ``{"root", "names", "patterns"}`` of watched listings (``"watch":
         true`` listings made them). The reply is ``{"changed": bool, "watched": n}``,
         ``watched`` counting the roots that are watched here; unless all are, the
-        reply comes at once (the client polls). After the first event it waits for ``settle`` seconds without one (at
-        most ``MAX_SETTLE``), so a burst of writes is one reply; the events are kept for
+        reply comes at once (the client polls). After the first event it waits for
+        ``settle`` seconds without one (at most ``MAX_SETTLE``), so a burst of writes is
+        one reply; the events are kept for
         the next listing, which lists again only those directories. Any byte from the
         client (its ``wake``, or its next request) ends the wait at once, so the client
         never waits for a reply to reach its helper, and an idle wait costs no CPU: it
