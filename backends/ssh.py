@@ -139,7 +139,7 @@ class SSHTerminal:
         self._last_push = 0.0
         #: sync continuously while the session runs (see the module docstring)
         self.watch = watch
-        self._watch: WatchLoop | None = None
+        self._watch: WatchLoop[SessionReport] | None = None
 
     # -- setup and teardown -----------------------------------------------------
 

@@ -111,7 +111,7 @@ async def _watch(req: Request) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     sessions: list[AsyncSession] = []
-    loops: list[WatchLoop] = []
+    loops: list[WatchLoop[SessionReport]] = []
     try:
         for target, mappings in pairs:
             session = _session(req, target)

@@ -46,7 +46,7 @@ from filesync.errors import (
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
 from filesync.session.selfsync import refuse_self_sync
-from filesync.session.watch import OnReport, WatchLoop
+from filesync.session.watch import WatchLoop
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.transport.base import Conduit
 from filesync.transport.local import CommandConduit
@@ -85,6 +85,9 @@ class SessionReport(Report):
         self.changes += report.changes
         self.pruned += report.pruned
 
+
+#: What ``watch`` calls with each pass's report.
+OnReport = Callable[[SessionReport], None]
 
 _BARE_HOST = re.compile(r"^(?:[^@/:]+@)?(?:\[[^\]/]+\]|[^@/:\[\]~.][^@/:\[\]]*)$")
 
@@ -166,7 +169,7 @@ class AsyncSession:
         self._lock: asyncio.Lock | None = None
         self._closed = False
         #: The running ``watch`` loops (``filesync.session.watch``).
-        self._watches: list[WatchLoop] = []
+        self._watches: list[WatchLoop[SessionReport]] = []
         #: How many connections this session opened (one, unless one was lost).
         self.connections_opened = 0
 
@@ -189,7 +192,7 @@ class AsyncSession:
         return await self._call(Call.STATUS, mappings)
 
     async def watch(self, mappings: Mappings, on_report: OnReport | None = None, *,
-                    force_polling: bool = False) -> WatchLoop:
+                    force_polling: bool = False) -> WatchLoop[SessionReport]:
         """Sync ``mappings`` now, then again whenever either side changes, until the
         returned loop's ``stop()`` (which runs a last pass) or ``close()``. ``on_report``
         gets each pass's report; see ``filesync.session.watch`` and docs/library.md."""

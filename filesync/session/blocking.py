@@ -31,11 +31,12 @@ from filesync.session.aio import (
     AsyncSession,
     ConduitSource,
     Mappings,
+    OnReport,
     SessionReport,
     StrPath,
     closed_error,
 )
-from filesync.session.watch import OnReport, WatchLoop
+from filesync.session.watch import WatchLoop
 
 T = TypeVar("T")
 
@@ -191,7 +192,7 @@ class Watch:
     """A running ``Session.watch``: ``stop()`` (from any thread but the session's own)
     runs a last pass and ends it, raising what stopped it early, if anything."""
 
-    def __init__(self, session: Session, loop: WatchLoop) -> None:
+    def __init__(self, session: Session, loop: WatchLoop[SessionReport]) -> None:
         self._session = session
         self.loop = loop
 

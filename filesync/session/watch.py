@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
@@ -41,11 +42,9 @@ from filesync.endpoint.wait import wait_change
 from filesync.errors import FilesyncError, LockBusy, SafetyRefusal, TransportError
 from filesync.host.watcher import HostWatcher
 from filesync.mapping import Mapping
-from filesync.session.passes import Call, PassSpec, as_list, plan_passes
+from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes
+from filesync.sync.engine import Report
 from filesync.transport.base import Conduit
-
-if TYPE_CHECKING:
-    from filesync.session.aio import AsyncSession, Mappings, SessionReport
 
 #: The longest one ``wait`` on the helper lasts before it is asked again (seconds).
 WAIT = 30.0
@@ -56,17 +55,42 @@ POLL = 2.0
 #: Seconds between retries after a lost connection (the last one repeats).
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
-OnReport = Callable[["SessionReport"], None]
+R = TypeVar("R", bound=Report)
+R_co = TypeVar("R_co", bound=Report, covariant=True)
 
 
-class WatchLoop:
+class WatchedSession(Protocol[R_co]):
+    """What the loop uses of an ``AsyncSession`` (named here: the session imports the loop)."""
+
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def _log(self) -> Callable[[str], None] | None: ...
+    @property
+    def _conduit(self) -> Conduit | None: ...
+    @property
+    def _base(self) -> str: ...
+    @property
+    def _rules(self) -> Rules: ...
+    @property
+    def _source(self) -> object: ...
+    @property
+    def _watches(self) -> list[Any]: ...
+    def _serial(self) -> asyncio.Lock: ...
+    async def _connection(self) -> Conduit: ...
+    async def _forget_connection(self) -> None: ...
+    async def sync(self, mappings: Sequence[Mapping], *, keep_going: bool = False) -> R_co: ...
+
+
+class WatchLoop(Generic[R]):
     """One running watch of ``mappings`` on ``session`` (see the module docstring).
 
     ``passes`` counts the passes run; ``error`` is what stopped the loop, if anything.
     """
 
-    def __init__(self, session: AsyncSession, mappings: Mappings,
-                 on_report: OnReport | None = None, *, force_polling: bool = False) -> None:
+    def __init__(self, session: WatchedSession[R], mappings: Mapping | Sequence[Mapping],
+                 on_report: Callable[[R], None] | None = None, *,
+                 force_polling: bool = False) -> None:
         self.session = session
         self.mappings: list[Mapping] = as_list(mappings)
         self.on_report = on_report
