@@ -49,8 +49,8 @@ import sshd  # noqa: E402  (tests/sshd.py)
 import trees  # noqa: E402
 from trees import EXCLUDED_DIRS, MiB  # noqa: E402
 
-ALL_STEPS = ("initial", "noop", "edit", "pull", "warm", "scale", "bigfile", "fanout")
-SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm", "fanout")
+ALL_STEPS = ("initial", "noop", "edit", "pull", "warm", "scale", "bigfile", "fanout", "watch")
+SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm", "fanout", "watch")
 CIPHER = "aes128-gcm@openssh.com"
 RUN_TIMEOUT = 900.0
 AGENT = "filesync --persist"  # the same CLI through the opt-in persistent agent
@@ -1091,6 +1091,13 @@ class Bench:
         step["ratios"] = {k: v for k, v in step["ratios"].items() if not k.startswith(AGENT)}
         step["ratios"][f"{many}/{one}"] = med[many]["wall"] / med[one]["wall"]
 
+    def step_watch(self) -> None:
+        """9. ``filesync watch`` and ``unison -repeat 1``: latency both ways, a burst,
+        idle CPU and RSS on the 3k and 100k trees (bench/watchstep.py)."""
+        import watchstep
+
+        self.results["steps"]["watch"] = watchstep.run(self, tree_cpu)
+
     # -- driver -------------------------------------------------------------------------------
 
     def run_all(self) -> None:
@@ -1099,7 +1106,8 @@ class Bench:
         self.start_boxes(1)
         steps = {"initial": self.step_initial, "noop": self.step_noop, "edit": self.step_edit,
                  "pull": self.step_pull, "warm": self.step_warm, "scale": self.step_scale,
-                 "bigfile": self.step_bigfile, "fanout": self.step_fanout}
+                 "bigfile": self.step_bigfile, "fanout": self.step_fanout,
+                 "watch": self.step_watch}
         needs_initial = {"noop", "edit", "pull", "warm"}
         selected = list(self.cfg.steps)
         if needs_initial & set(selected) and "initial" not in selected:
