@@ -4,17 +4,20 @@ client sends anything, and keeps what the events said for the next listing."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import select
 import struct
+import sys
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 from filesync.core.exclude import ExcludeRule
-from filesync.tree.server import serve
+from filesync.tree.server import Server, serve
 
 HEADER = struct.Struct(">cI")
 DEADLINE = 60.0
@@ -34,7 +37,8 @@ class Client:
             finally:
                 server_out.close()
 
-        threading.Thread(target=run, daemon=True).start()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
         self.buffer = b""
         assert "hello" in self.reply()
 
@@ -92,10 +96,30 @@ def test_a_write_in_a_watched_root_ends_the_wait_and_the_next_listing_has_it(
     assert sorted(row[0] for row in delta["entries"]) == sorted(f"f{i}" for i in range(50))
 
 
+def _select_line() -> int:
+    lines, first = inspect.getsourcelines(Server.op_wait)
+    return first + next(i for i, line in enumerate(lines) if "select.select" in line)
+
+
+def _sleeping_in_select(c: Client) -> None:
+    """Wait until the helper thread sleeps in the wait's ``select`` (so the wake below
+    reaches it through its input descriptor, not through a read-ahead buffer)."""
+    line, end = _select_line(), time.monotonic() + DEADLINE
+    while True:
+        frame = sys._current_frames().get(c.thread.ident or 0)
+        while frame is not None and frame.f_code.co_name != "op_wait":
+            frame = frame.f_back
+        if frame is not None and frame.f_lineno == line:
+            return
+        assert time.monotonic() < end, "the helper never reached the wait's select"
+        time.sleep(0.005)
+
+
 def test_anything_from_the_client_ends_the_wait(tmp_path: Path) -> None:
     c = Client()
     c.list_watched(tmp_path)
     c.wait(tmp_path, timeout=300)
+    _sleeping_in_select(c)
     c.send({"op": "wake"})
     assert c.reply() == {"changed": False, "watched": 1}
     c.wait(tmp_path, timeout=300)  # and the wake of a wait already sent with it
