@@ -196,11 +196,12 @@ def run(bench: Any, tree_cpu: Callable[[list[int]], float]) -> dict[str, Any]:
         report = idle(idle_s, fs.proc.pid, box.session_pids, tree_cpu)
         report["passes"] = len(fs.lines) - n0
         report["files"] = big_n
-        # one edit on each side, to show the big tree is watched, not only idle
-        report["host_to_remote_one_edit"] = round(latencies(
-            big, bench.remote(big_dir), "d0/edit.txt", 1, "hb")[0], 4)
-        report["remote_to_host_one_edit"] = round(latencies(
-            bench.remote(big_dir), big, "d0/redit.txt", 1, "rb")[0], 4)
+        # edits in an existing directory on each side: the big tree is watched, not idle
+        n = max(3, edits // 5)
+        report["host_to_remote"] = summary(latencies(
+            big, bench.remote(big_dir), "d000/d00000/edit.txt", n, "hb"))
+        report["remote_to_host"] = summary(latencies(
+            bench.remote(big_dir), big, "d000/d00001/redit.txt", n, "rb"))
         out["filesync"]["idle_big"] = report
     finally:
         code = fs.stop()
