@@ -104,7 +104,6 @@ class WatchLoop(Generic[R]):
         self._waiting = False
         self._polled_remote = False
         self._task: asyncio.Task[None] | None = None
-        self._remote: list[tuple[str, ExcludeRule]] = []
 
     # -- the public face --------------------------------------------------------------
 
