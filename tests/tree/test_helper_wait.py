@@ -13,8 +13,11 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from filesync.core.exclude import ExcludeRule
 from filesync.tree.server import Server, serve
@@ -36,11 +39,19 @@ class Client:
                 serve(server_in, server_out)
             finally:
                 server_out.close()
+                server_in.close()
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         self.buffer = b""
         assert "hello" in self.reply()
+
+    def close(self) -> None:
+        self.send({"op": "bye"})
+        assert self.reply() == {"bye": True}
+        self.thread.join(DEADLINE)
+        self.out.close()
+        self.inp.close()
 
     def send(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()
@@ -80,11 +91,17 @@ class Client:
                    "settle": settle})
 
 
+@pytest.fixture
+def c() -> Iterator[Client]:
+    client = Client()
+    yield client
+    client.close()
+
+
 def test_a_write_in_a_watched_root_ends_the_wait_and_the_next_listing_has_it(
-    tmp_path: Path
+    c: Client, tmp_path: Path
 ) -> None:
     (tmp_path / "a").write_text("a")
-    c = Client()
     first = c.list_watched(tmp_path)
     c.wait(tmp_path, timeout=300)
     for i in range(50):  # a burst: one reply
@@ -115,8 +132,7 @@ def _sleeping_in_select(c: Client) -> None:
         time.sleep(0.005)
 
 
-def test_anything_from_the_client_ends_the_wait(tmp_path: Path) -> None:
-    c = Client()
+def test_anything_from_the_client_ends_the_wait(c: Client, tmp_path: Path) -> None:
     c.list_watched(tmp_path)
     c.wait(tmp_path, timeout=300)
     _sleeping_in_select(c)
@@ -129,14 +145,12 @@ def test_anything_from_the_client_ends_the_wait(tmp_path: Path) -> None:
     assert c.reply()["is_dir"] is True
 
 
-def test_a_root_not_watched_is_answered_at_once(tmp_path: Path) -> None:
-    c = Client()
+def test_a_root_not_watched_is_answered_at_once(c: Client, tmp_path: Path) -> None:
     c.wait(tmp_path, timeout=300)  # never listed with watch: nothing watches it
     assert c.reply() == {"changed": False, "watched": 0}
 
 
-def test_a_quiet_root_waits_out_its_timeout(tmp_path: Path) -> None:
-    c = Client()
+def test_a_quiet_root_waits_out_its_timeout(c: Client, tmp_path: Path) -> None:
     c.list_watched(tmp_path)
     c.wait(tmp_path, timeout=0.2)
     assert c.reply() == {"changed": False, "watched": 1}
