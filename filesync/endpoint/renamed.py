@@ -50,9 +50,17 @@ class RenamedEndpoint:
     def watch(self) -> bool:
         return self._inner.watch
 
+    @watch.setter
+    def watch(self, value: bool) -> None:
+        self._inner.watch = value
+
     @property
     def broken(self) -> bool:
         return self._inner.broken
+
+    @broken.setter
+    def broken(self, value: bool) -> None:
+        self._inner.broken = value
 
     def resolve_root(self, path: str) -> str:
         return self._inner.resolve_root(path)
