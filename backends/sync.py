@@ -109,7 +109,7 @@ class SyncPolicy:
         log.warning("sync-back failed: %s", error)
         wrapped = error if isinstance(error, FilesyncError) else FilesyncError(
             f"sync-back failed: {error!r}")
-        return failed_report(self.pulls(), wrapped)
+        return failed_report([m for m in self.mappings if m.mode == TWO_WAY], wrapped)
 
     def self_sync(self, error: SelfSync, *, may_raise: bool = True) -> SessionReport:
         """Self-sync found: raise it (``"raise"``, where the call may), else sync off."""
@@ -121,8 +121,12 @@ class SyncPolicy:
         return SessionReport()
 
     def pulls(self) -> list[Mapping]:
-        """The mappings ``teardown`` pulls: the two-way ones, while sync is on."""
-        return [m for m in self.mappings if m.mode == TWO_WAY] if self.enabled else []
+        """What ``teardown`` passes to ``pull``: every mapping, while sync is on and one is
+        two-way (the pull leaves upload-only ones out, but the nested rule must see them,
+        or an outer pull would bring an inner credential back)."""
+        if self.enabled and any(m.mode == TWO_WAY for m in self.mappings):
+            return self.mappings
+        return []
 
 
 def failed_report(mappings: Sequence[Mapping], error: FilesyncError) -> SessionReport:
