@@ -175,3 +175,28 @@ async def test_a_failed_sync_back_is_kept_and_the_other_mappings_still_pull(
     assert snapshot(first) == {"f.txt": b"first\n"}
     assert snapshot(second) == {"s.txt": b"edit\n"}
     assert [r.downloaded for r in term.reports] == [0, 0, 1]
+
+
+# -- pushes before commands -------------------------------------------------------------------
+
+
+async def test_a_failed_push_before_a_command_is_logged_and_retried_at_the_next_one(
+    box: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # (The interval rule itself is the shared policy's, tested with an injected clock in
+    # test_backend_sync.py: a failed push is retried before the interval has passed.)
+    vault = tmp_path / "vault"
+    write(vault / "v1.json", "v1\n", 0o600)
+    link = tmp_path / "gh.json"
+    link.symlink_to(vault / "v1.json")
+    caplog.set_level("WARNING", logger="filesync.backends.sync")
+    async with SSHTerminal(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "state",
+                           mappings=[Mapping(link, "retry/gh_token.json", "upload-only")],
+                           sync_before_run=True, sync_interval=0.0) as t:
+        link.unlink()
+        link.symlink_to(vault / "v2.json")  # not written yet: the push cannot run
+        r = await t.run("cat retry/gh_token.json")
+        assert (r.returncode, r.stdout) == (0, "v1\n")  # the command ran anyway
+        assert any(str(link) in rec.getMessage() for rec in caplog.records)
+        write(vault / "v2.json", "v2\n", 0o600)
+        assert (await t.run("cat retry/gh_token.json")).stdout == "v2\n"
