@@ -37,6 +37,8 @@ class Rename:
     local: str
     remote: str
     rule: ExcludeRule
+    #: what errors name the mapping by (``mapping LOCAL -> REMOTE``)
+    label: str = ""
 
 
 class RenamedEndpoint:
@@ -108,9 +110,10 @@ class RenamedEndpoint:
         name = self._rename.remote
         if any(p.startswith(name + "/") for p in listing.entries) or any(
                 s.path.startswith(name + "/") for s in listing.skipped):
-            raise BadMapping(f"the remote {listing.root}/{name} is a directory; give the "
-                             f"file's full remote path ({name}/{self._rename.local}), or end "
-                             "the remote path with / to put the file inside it")
+            where = f"{self._rename.label}: " if self._rename.label else ""
+            raise BadMapping(f"{where}the remote {listing.root}/{name} is a directory; give "
+                             f"the file's full remote path ({name}/{self._rename.local}), or "
+                             "end the remote path with / to put the file inside it")
         entries: dict[str, Entry] = {}
         found = listing.entries.get(name)
         if found is not None:

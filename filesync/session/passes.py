@@ -165,7 +165,7 @@ async def _plan_one(m: Mapping, direction: Direction, mappings: list[Mapping],
         rename = None
         if rname != name:
             rename = Rename(name, rname, _build(["/*", "!" + literal_pattern(rname),
-                                                 *patterns], rules, None, own))
+                                                 *patterns], rules, None, own), _label(m))
         # The state is the mapping's, keyed by the names it is written with, so a
         # symlink pointed at a new target keeps its ancestor.
         keyed = shown if shown == rname else f"{shown}\0{rname}"
@@ -181,8 +181,12 @@ async def _plan_one(m: Mapping, direction: Direction, mappings: list[Mapping],
     return PassSpec(m, direction, local, remote_path, remote_root, None, rule, state_dir)
 
 
+def _label(m: Mapping) -> str:
+    return f"mapping {m.local} -> {m.remote}"
+
+
 def _bad(m: Mapping, why: str) -> BadMapping:
-    return BadMapping(f"mapping {m.local} -> {m.remote}: {why}")
+    return BadMapping(f"{_label(m)}: {why}")
 
 
 def _names_directory(remote: str) -> bool:

@@ -132,6 +132,7 @@ def test_a_remote_directory_of_that_name_is_refused_before_anything_changes(
     with Session(remote.parent, state_dir=state) as s, pytest.raises(BadMapping) as err:
         s.push(m)
     assert "is a directory" in str(err.value) and "sub/token.json" in str(err.value)
+    assert str(err.value).startswith(f"mapping {local / 'token.json'} -> cfg/sub: ")
     assert err.value.exit_code == 2 and "\n" not in str(err.value)
     assert snapshot(remote) == before
 
