@@ -165,10 +165,7 @@ class SSHTerminal:
             base = await self._commands.run(["env", "-0"], None)
             self._base_env = parse_env0(_decode(base.stdout))
             self._base_env.pop(TAG_VAR, None)
-            report = await self._require_sync().setup()
-            self._keep(report)
-            if report.failed:  # a terminal starts with every tree in place, or not at all
-                raise report.failed[0][1]
+            await self.push()  # a terminal starts with every tree in place, or not at all
             await self._snapshot()
         except BaseException:
             await self._close(polite=False)

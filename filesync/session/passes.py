@@ -166,8 +166,8 @@ async def _plan_one(m: Mapping, direction: Direction, mappings: list[Mapping],
         if rname != name:
             rename = Rename(name, rname, _build(["/*", "!" + literal_pattern(rname),
                                                  *patterns], rules, None, own), _label(m))
-        # The state is the mapping's, keyed by the names it is written with, so a
-        # symlink pointed at a new target keeps its ancestor.
+        # Keyed by the names the mapping is written with (a link's, not its target's), so
+        # two mappings of one file under two remote names keep apart.
         keyed = shown if shown == rname else f"{shown}\0{rname}"
         key = hashlib.sha256(keyed.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         parent = posixpath.dirname(remote_path) or "."
