@@ -9,5 +9,7 @@ from ._session import RunResult
 from .env import restore_path
 from .local import LocalTerminal
 from .ssh import SSHTerminal
+from .sync import AsyncBackendSync, BackendSync
 
-__all__ = ["LocalTerminal", "RunResult", "SSHTerminal", "restore_path"]
+__all__ = ["AsyncBackendSync", "BackendSync", "LocalTerminal", "RunResult", "SSHTerminal",
+           "restore_path"]

@@ -9,7 +9,7 @@ SSH terminal run the same argv lists, locally or joined with :func:`shlex.join` 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from filesync import FilesyncError
 from .env import (
     ShellInit,
     background_command,
+    first_dirs,
     parse_snapshot,
     snapshot_script,
 )
@@ -122,12 +123,14 @@ def plan_session(
     sandbox_dir: Path | None = None,
     overrides: Mapping[str, str] | None = None,
     exists: Callable[[str], bool] = os.path.isfile,
+    path_first: Sequence[str] = (),
 ) -> SessionPlan:
     """Plan a session launched with ``base_env``; creates the profile and sandbox dirs locally.
 
     The mode is ``home_mode`` or ``$TERMINAL_HOME_MODE`` from ``base_env``. The launch PATH is
-    the children's PATH (with the sandbox shim dir pinned in front). Init files are resolved
-    against the children's HOME, so profile mode sources the profile's own dotfiles.
+    the children's PATH (with the sandbox shim dir pinned in front, then ``path_first``).
+    Init files are resolved against the children's HOME, so profile mode sources the
+    profile's own dotfiles.
     """
     mode = home_mode_from_env(home_mode, base_env)
     env = child_env(
@@ -137,11 +140,12 @@ def plan_session(
         in_container=in_container,
         overrides=overrides,
     )
-    pin: tuple[str, ...] = ()
+    pin = tuple(first_dirs(path_first))
     unset: tuple[str, ...] = ()
     if sandbox_dir is not None:
         env = sandbox_env(env, sandbox_dir)
-        pin, unset = (str(sandbox_bin_dir(sandbox_dir)),), USER_BUS_VARS
+        # The shim must shadow the system crontab whatever the caller put first.
+        pin, unset = (str(sandbox_bin_dir(sandbox_dir)), *pin), USER_BUS_VARS
     files = tuple(init.files(env["HOME"], env, exists))
     shell = ShellPlan(env.get("PATH", ""), files, pin, unset)
     return SessionPlan(env, shell)

@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from filesync import profile_snippet
-
 __all__ = [
     "SNAPSHOT_MARKER",
     "ShellInit",
     "background_command",
     "expand_init_path",
+    "first_snippet",
     "parse_env0",
     "parse_snapshot",
     "path_entries",
     "prelude_script",
+    "put_first",
     "restore_path",
     "restore_snippet",
     "snapshot_script",
@@ -52,6 +52,8 @@ _SHELL_STATE_VARS = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
 # Helper variable names are distinctive so the snippet cannot clobber a user's variable.
 _P = "__filesync_rp"
 _HAD = "__filesync_rp_had"
+_F, _NEW, _REST, _LEFT, _ANY = ("__filesync_pf", "__filesync_pf_new", "__filesync_pf_rest",
+                                "__filesync_pf_left", "__filesync_pf_any")
 
 
 def path_entries(value: str) -> list[str]:
@@ -109,6 +111,52 @@ def restore_snippet(launch_path: str) -> str:
         f'case ":$PATH:" in *":${_P}:"*) ;; *) PATH="$PATH:${_P}" ;; esac; '
         f'else PATH="${_P}"; {_HAD}=1; fi; '
         f"done; unset {_P} {_HAD}; export PATH"
+    )
+
+
+def first_dirs(dirs: Iterable[str]) -> list[str]:
+    """``dirs`` in order without duplicates; ``ValueError`` for one that is not absolute or
+    holds ``:`` (a relative entry first on PATH would resolve against any working dir)."""
+    out = list(dict.fromkeys(dirs))
+    bad = [d for d in out if not d.startswith("/") or ":" in d]
+    if bad:
+        raise ValueError(f"PATH-first dirs must be absolute paths without ':', not {bad!r}")
+    return out
+
+
+def put_first(
+    dirs: Sequence[str], path: str, isdir: Callable[[str], bool] = os.path.isdir
+) -> str:
+    """Return ``path`` with ``dirs`` first: the ones ``isdir`` says exist, in the given order,
+    each once, and no other copy of them later on; the other entries keep their order (the
+    empty entry included). Idempotent. ``dirs`` as :func:`first_dirs` takes them."""
+    front = [d for d in first_dirs(dirs) if isdir(d)]
+    if not front:
+        return path
+    taken = set(front)
+    return ":".join(front + [e for e in path_entries(path) if e not in taken])
+
+
+def first_snippet(dirs: Sequence[str]) -> str:
+    """Return POSIX-sh text that applies :func:`put_first` to the running shell's PATH (with
+    ``test -d``), exports PATH and unsets its helpers; safe under ``set -eu``, literal
+    matching of any characters."""
+    words = " ".join(shlex.quote(d) for d in first_dirs(dirs))
+    # Entries are split with parameter expansion, not IFS, so empty entries and glob
+    # characters survive; ``PATH:`` gives every entry, the last one included, a ':' after it.
+    return (
+        f'{_NEW}=; for {_F} in {words}; do [ -d "${_F}" ] || continue; '
+        f'case ":${_NEW}:" in *":${_F}:"*) ;; '
+        f'*) if [ -n "${_NEW}" ]; then {_NEW}="${_NEW}:${_F}"; else {_NEW}="${_F}"; fi ;; '
+        f'esac; done; '
+        f'if [ -n "${_NEW}" ]; then '
+        f'{_REST}=; {_ANY}=0; if [ -n "${{PATH-}}" ]; then {_LEFT}="$PATH:"; else {_LEFT}=; fi; '
+        f'while [ -n "${_LEFT}" ]; do {_F}="${{{_LEFT}%%:*}}"; {_LEFT}="${{{_LEFT}#*:}}"; '
+        f'case ":${_NEW}:" in *":${_F}:"*) continue ;; esac; '
+        f'if [ "${_ANY}" = 1 ]; then {_REST}="${_REST}:${_F}"; '
+        f'else {_REST}="${_F}"; {_ANY}=1; fi; done; '
+        f'if [ "${_ANY}" = 1 ]; then PATH="${_NEW}:${_REST}"; else PATH="${_NEW}"; fi; fi; '
+        f"unset {_F} {_NEW} {_REST} {_LEFT} {_ANY}; export PATH"
     )
 
 
@@ -188,17 +236,17 @@ def prelude_script(
 ) -> str:
     """Return the sh text a session runs after the login profile, before any command.
 
-    In order: source ``init_files``; restore the launch PATH (minus ``pin_first``); prepend the
-    ``pin_first`` directories (absolute, e.g. a sandbox shim dir that must shadow system tools;
-    they are excluded from the restore, which would otherwise append them at the end where the
-    prepend sees them as present); unset ``unset`` variables (e.g. the user-bus address a profile
-    might set again).
+    In order: source ``init_files``; restore the launch PATH (minus ``pin_first``); put the
+    ``pin_first`` directories first (:func:`first_snippet`: absolute, in order, each once,
+    moved there when the profile already had them: a sandbox shim dir that must shadow system
+    tools, the launcher's venv ``bin`` that must win over ``/usr/bin``); unset ``unset``
+    variables (e.g. the user-bus address a profile might set again).
     """
     pinned = set(pin_first)
     restore_from = ":".join(e for e in path_entries(launch_path) if e not in pinned)
     parts = [source_snippet(init_files), restore_snippet(restore_from)]
     if pin_first:
-        parts.append(profile_snippet(pin_first).rstrip("\n"))
+        parts.append(first_snippet(pin_first))
     if unset:
         parts.append("unset " + " ".join(_checked_names(unset)))
     return "\n".join(p for p in parts if p)

@@ -10,9 +10,9 @@ import signal
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from ._paths import StrPath, optional_local_path
+from ._paths import StrPath, local_path, optional_local_path
 from ._session import RunResult, SessionPlan, ShellPlan, plan_session
-from .env import ShellInit
+from .env import ShellInit, first_dirs
 from .home import detect_container
 
 __all__ = ["BackgroundProcess", "LocalTerminal"]
@@ -73,7 +73,9 @@ class LocalTerminal:
     ``$TERMINAL_HOME_MODE`` from that environment, else ``auto``. ``env_overrides`` are values the
     caller sets explicitly (e.g. TMPDIR); they win over HOME-mode rules. ``sandbox_dir`` turns on
     the eval sandbox (crontab shim first on PATH, user-bus variables removed); pair it with
-    ``home_mode="profile"``. ``in_container`` None means detect. Path parameters
+    ``home_mode="profile"``. ``path_first``: directories put first on PATH after the
+    profile ran, in order, each once (the launcher's venv ``bin``, ``~/.local/bin``), for
+    foreground and background commands alike. ``in_container`` None means detect. Path parameters
     (``profile_home``, ``sandbox_dir``, ``cwd``) take ``str`` or ``os.PathLike[str]`` and expand
     ``~`` like :func:`os.path.expanduser`.
     """
@@ -90,6 +92,7 @@ class LocalTerminal:
         cwd: StrPath | None = None,
         in_container: bool | None = None,
         env_overrides: Mapping[str, str] | None = None,
+        path_first: Sequence[StrPath] = (),
     ) -> None:
         self._home_mode = home_mode
         self._profile_home = optional_local_path(profile_home)
@@ -99,6 +102,7 @@ class LocalTerminal:
         self._cwd = optional_local_path(cwd)
         self._in_container = in_container
         self._overrides = dict(env_overrides or {})
+        self._path_first = first_dirs(str(local_path(d)) for d in path_first)
         self._plan: SessionPlan | None = None
         self._snapshot: dict[str, str] | None = None
         self._background: list[BackgroundProcess] = []
@@ -113,6 +117,7 @@ class LocalTerminal:
             init=self._init,
             sandbox_dir=self._sandbox_dir,
             overrides=self._overrides,
+            path_first=self._path_first,
         )
         argv = plan.shell.snapshot_argv()
         code, out, err = await self._exec(argv, plan.env, self._cwd, None)

@@ -16,16 +16,23 @@ Every sync (the setup push, ``sync_before_run``, the teardown pull) is a call of
 :class:`filesync.AsyncSession` over the terminal's own connection, so a terminal follows
 the library's rules from the same code (``filesync.session``): a mapping may be a
 directory or a single file (a file's pass touches no other file of either parent
-directory); the innermost of nested mappings owns a path
-(:func:`filesync.mapping.nested_excludes`), so an outer mapping's passes leave an inner
-one's files alone on both sides; and a mapping whose remote root is its local tree reached
-twice is refused at setup with ``SelfSync`` before anything changed.
+directory, and may have another name on the remote); the innermost of nested mappings
+owns a path (:func:`filesync.mapping.nested_excludes`), so an outer mapping's passes leave
+an inner one's files alone on both sides. When and how it syncs is
+:class:`filesync.backends.sync.AsyncBackendSync`'s policy, the one a framework backend with
+its own command path adopts: a push before a command that fails is logged and retried at
+the next command; a mapping whose remote root is its local tree reached twice (a loopback
+target) turns sync off with one warning before anything changed, and the terminal keeps
+working (``on_self_sync="raise"``: setup raises ``SelfSync`` instead). ``path_first``
+directories come first on PATH after the profile ran, for foreground and background
+commands.
 
 With ``watch=True`` the mappings are synced continuously after the setup push
 (``AsyncSession.watch``): what the remote agent writes reaches the host while the session
 runs, and host edits reach the remote without waiting for a command. Teardown stops the
 watch (after its last pass) before the commands' trees are pulled; a watch stopped early
-(a safety guard, the connection lost) is logged and kept in ``sync_back_errors``.
+(a safety guard, the connection lost) is logged and kept in ``sync_back_errors``. A watch
+never starts while sync is off (self-sync).
 """
 
 from __future__ import annotations
@@ -33,13 +40,11 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from filesync import (
-    TWO_WAY,
     AsyncSession,
     Conduit,
     FilesyncError,
@@ -55,8 +60,9 @@ from filesync import (
 from ._paths import StrPath, local_path, optional_local_path, remote_path
 from ._remote import TAG_VAR, Commands, Tracked
 from ._session import RunResult, ShellPlan
-from .env import ShellInit, parse_env0
+from .env import ShellInit, first_dirs, parse_env0
 from .home import child_env, home_mode_from_env, profile_dirs, resolve_home_mode
+from .sync import AsyncBackendSync, check_on_self_sync
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +115,8 @@ class SSHTerminal:
         exclude: Sequence[str] = (),
         accept_new_host_key: bool = False,
         ssh_client: str | None = None,
+        on_self_sync: str = "disable",
+        path_first: Sequence[StrPath] = (),
         watch: bool = False,
     ) -> None:
         self.host, self.user, self.port = host, user, port
@@ -126,6 +134,10 @@ class SSHTerminal:
         #: "openssh" or "asyncssh"; None: $FILESYNC_SSH_CLIENT, else OpenSSH whenever an
         #: ``ssh`` binary is on PATH (the CLI's rule, docs/ssh.md)
         self.ssh_client = ssh_client
+        #: "disable" (one warning, the terminal runs with sync off) or "raise" (SelfSync)
+        self.on_self_sync = check_on_self_sync(on_self_sync)
+        #: remote dirs put first on PATH after the profile (``~``, relative: remote HOME)
+        self.path_first = [os.fspath(d) for d in path_first]
         self.env: dict[str, str] = {}
         self._base_env: dict[str, str] = {}
         self._child_env: dict[str, str] = {}
@@ -136,7 +148,7 @@ class SSHTerminal:
         self._conduit: Conduit | None = None
         self._session: AsyncSession | None = None
         self._commands: Commands | None = None
-        self._last_push = 0.0
+        self._sync: AsyncBackendSync | None = None
         #: sync continuously while the session runs (see the module docstring)
         self.watch = watch
         self._watch: WatchLoop[SessionReport] | None = None
@@ -157,13 +169,16 @@ class SSHTerminal:
         # teardown): its trees stay watched in between, so a quiet pass walks nothing.
         self._session = AsyncSession(conduit=self._conduit, state_dir=self.state_dir,
                                      exclude=self.exclude, watch=True)
+        self._sync = AsyncBackendSync(self._session, self.mappings,
+                                      interval=self.sync_interval,
+                                      on_self_sync=self.on_self_sync)
         try:
             # The session's own environment before any profile ran: the launch PATH, HOME.
             base = await self._commands.run(["env", "-0"], None)
             self._base_env = parse_env0(_decode(base.stdout))
             self._base_env.pop(TAG_VAR, None)
-            await self.push()
-            if self.watch and self.mappings:
+            await self.push()  # a terminal starts with every tree in place, or not at all
+            if self.watch and self.mappings and self.sync_enabled:
                 self._watch = await self._session.watch(self.mappings, self._keep)
             await self._snapshot()
         except BaseException:
@@ -207,6 +222,7 @@ class SSHTerminal:
         # The session runs on the terminal's connection, so ending the helper and closing
         # the connection here is all its close() would do; it is never called again.
         self._session = None
+        self._sync = None
         if self._conduit is not None:
             conduit, self._conduit = self._conduit, None
             try:
@@ -223,36 +239,34 @@ class SSHTerminal:
                     f"{mapping.remote} does not exist; create it or fix the mapping"
                 )
 
+    @property
+    def sync_enabled(self) -> bool:
+        """False once self-sync turned sync off (``on_self_sync="disable"``)."""
+        return self._sync is None or self._sync.enabled
+
     async def push(self) -> None:
-        """Push every mapping (two-way and upload-only) over the session's connection."""
-        if self.mappings:
-            self._keep(await self._require_session().push(self.mappings))
-        self._last_push = time.monotonic()
+        """Push every mapping (two-way and upload-only) over the session's connection;
+        raises the first mapping's failure (the others were still pushed)."""
+        report = await self._require_sync().setup()
+        self._keep(report)
+        if report.failed:
+            raise report.failed[0][1]
 
     async def sync_back(self) -> None:
         """Pull the two-way mappings; failures are logged and kept, never raised."""
-        if not any(m.mode == TWO_WAY for m in self.mappings):
-            return  # upload-only trees (credentials) are never written back
-        try:
-            # One call for all of them: the nested rule sees every mapping, and a failed
-            # pass does not keep the others from pulling.
-            report = await self._require_session().pull(self.mappings, keep_going=True)
-        except FilesyncError as exc:
-            log.warning("sync-back failed: %s", exc)
-            self.sync_back_errors.append(exc)
-            return
+        # One call for all of them (``AsyncBackendSync.teardown``): the nested rule sees
+        # every mapping, and a failed pass does not keep the others from pulling.
+        report = await self._require_sync().teardown()
         self._keep(report)
-        for mapping, failure in report.failed:
-            log.warning("sync-back of %s failed: %s", mapping.local, failure)
-            self.sync_back_errors.append(failure)
+        self.sync_back_errors += [failure for _mapping, failure in report.failed]
 
     def _keep(self, report: SessionReport) -> None:
         self.reports += [one for _mapping, one in report.passes]
 
-    def _require_session(self) -> AsyncSession:
-        if self._session is None:
+    def _require_sync(self) -> AsyncBackendSync:
+        if self._sync is None:
             raise FilesyncError("the SSH terminal is not open; use it as 'async with'")
-        return self._session
+        return self._sync
 
     def _require_commands(self) -> Commands:
         if self._commands is None:
@@ -276,7 +290,8 @@ class SSHTerminal:
             await commands.run(["sh", "-c", script], None)
         self._child_env = env
         files = tuple(self.init.files(env["HOME"], env, lambda _p: True))
-        self.shell = ShellPlan(env.get("PATH", ""), files)
+        first = tuple(first_dirs(remote_path(d, real_home) for d in self.path_first))
+        self.shell = ShellPlan(env.get("PATH", ""), files, first)
         done = await commands.run(self.shell.snapshot_argv(), env)
         snapshot = ShellPlan.read_snapshot(done.returncode, done.stdout, done.stderr)
         snapshot.pop(TAG_VAR, None)
@@ -309,5 +324,8 @@ class SSHTerminal:
         return RemoteBackground(tracked, commands)
 
     async def _maybe_push(self) -> None:
-        if self.sync_before_run and time.monotonic() - self._last_push >= self.sync_interval:
-            await self.push()
+        if self.sync_before_run:
+            # A failure is logged and retried at the next command; the command still runs.
+            report = await self._require_sync().before_command()
+            if report is not None:
+                self._keep(report)

@@ -183,7 +183,8 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
                                   settings.state_path(), labels=labels)
         return [Pass(s.local_root, s.remote_path,
                      settings.pass_options(s.direction, s.rule, s.state_dir, log=log,
-                                           progress=progress), s.plan_filter())
+                                           progress=progress, rename=s.rename),
+                     s.plan_filter())
                 for s in specs]
 
     rows = []

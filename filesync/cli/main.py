@@ -96,8 +96,9 @@ def _common(
 ) -> None:
     if pair:
         p.add_argument("local", metavar="LOCAL", nargs="?" if config else None,
-                       help="host directory (or, with a REMOTE naming the same file, a "
-                       "single file)" if config else "host directory")
+                       help="host directory (or a single file; REMOTE then names the "
+                       "file, any name, or a directory ending in /)" if config
+                       else "host directory")
         p.add_argument("remote", metavar="REMOTE",
                        nargs="*" if fanout else ("?" if config else None),
                        help="[user@]host:path, ssh://[user@]host[:port]/path, or a local path"

@@ -22,6 +22,7 @@ from pathlib import Path
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.idle import IDLE_TIMEOUT, check_idle_timeout
+from filesync.endpoint.renamed import Rename
 from filesync.errors import UsageError
 from filesync.host.state import default_state_dir
 from filesync.sync.engine import Options
@@ -96,9 +97,11 @@ class PassSettings:
         *,
         log: Callable[[str], None] | None = None,
         progress: Progress | None = None,
+        rename: Rename | None = None,
     ) -> Options:
-        """Engine options for one pass whose rule and state dir are already chosen (by
-        the session's planner, ``filesync.session.passes``)."""
+        """Engine options for one pass whose rule and state dir (and a single file's
+        remote name) are already chosen (by the session's planner,
+        ``filesync.session.passes``)."""
         return Options(
             direction=direction,
             rule=rule,
@@ -112,6 +115,7 @@ class PassSettings:
             warn=_warn,
             progress=progress,
             watch=self.watch,
+            rename=rename,
             # the agent (watch) runs the next pass of a pair in this process; the plain CLI
             # never does
             keep_state=self.watch,

@@ -15,8 +15,9 @@ Guarantees:
 - an ``AsyncSession`` belongs to the event loop of its first call (its connection does);
   code without one loop for the session's life uses ``Session``;
 - passes run in mapping order and the first failure is raised (the passes before it are
-  done and recorded); with ``keep_going=True`` a pass's ``FilesyncError`` is kept in
-  ``report.failed`` and the next passes run (a lost connection is still raised);
+  done and recorded); with ``keep_going=True`` a pass's ``FilesyncError``, or a mapping's
+  ``BadMapping`` (it names the mapping), is kept in ``report.failed`` and the other
+  passes run (a lost connection and ``SelfSync`` are still raised);
   ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
   by it leaves nothing half-applied (the engine journals every change).
 """
@@ -277,12 +278,13 @@ class AsyncSession:
                       keep_going: bool) -> SessionReport:
         conduit = await self._connection()
         endpoint = await session_for(conduit, self._log, watch=self._watch)
+        report = SessionReport()
         specs = await plan_passes(call, items, endpoint, self._base, self._rules,
-                                  self.state_dir)
+                                  self.state_dir,
+                                  failed=report.failed if keep_going else None)
         if call is not Call.STATUS:
             for spec in specs:
                 await self._check(conduit, spec)
-        report = SessionReport()
         for spec in specs:
             try:
                 report.add(spec.mapping, await self._pass(conduit, spec, call))
@@ -300,7 +302,8 @@ class AsyncSession:
 
     async def _pass(self, conduit: Conduit, spec: PassSpec, call: Call) -> Report:
         opts = dataclasses.replace(self._options, direction=spec.direction, rule=spec.rule,
-                                   state_dir=spec.state_dir, dry_run=call is Call.STATUS)
+                                   state_dir=spec.state_dir, dry_run=call is Call.STATUS,
+                                   rename=spec.rename)
         return await run_pass(conduit, spec.local_root, spec.remote_path, opts,
                               spec.plan_filter())
 

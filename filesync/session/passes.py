@@ -11,8 +11,14 @@ Guarantees:
   that one name (and whose plan is cut to it), with its own state under
   ``STATE_DIR/files/``: it never lists, changes or deletes another file of either parent,
   and it shares no ancestor, lock or journal with a directory mapping of the same parent.
-  Both sides must name the file alike (the engine maps paths one to one); a differing
-  basename is refused with ``BadMapping``.
+  The remote may name it differently (``filesync.endpoint.renamed``: the one place a
+  path is renamed); a remote path ending in ``/`` (or the remote base itself) puts it
+  inside that directory under the host name, as ``cp`` does;
+- a single file that is a symlink syncs its target's bytes (as ``cp`` does) under the
+  link's name on the remote; a two-way pull writes the target, atomically, and never the
+  link; directory walks still skip symlinks;
+- a mapping that cannot be planned is refused with a ``BadMapping`` naming it; with
+  ``failed`` given, it is recorded there and the other mappings are still planned.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from pathlib import Path
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action, Direction
 from filesync.endpoint.contract import Endpoint
-from filesync.errors import BadMapping, UsageError
+from filesync.endpoint.renamed import Rename
+from filesync.errors import BadMapping, FilesyncError, UsageError
 from filesync.mapping import UPLOAD_ONLY, Mapping, literal_pattern, nested_excludes
 
 
@@ -58,9 +65,10 @@ class PassSpec:
     local_root: Path  # the directory the pass walks: the mapping's, or a file's parent
     remote_path: str  # the remote root as written, joined to the session's base
     remote_root: str  # ``remote_path`` resolved by the remote helper (absolute)
-    name: str | None  # a single-file mapping's file name
+    name: str | None  # a single-file mapping's file name (on the host)
     rule: ExcludeRule
     state_dir: Path
+    rename: Rename | None = None  # a single file named otherwise on the remote
 
     def plan_filter(self) -> Callable[[list[Action]], list[Action]] | None:
         """For a single file, the plan cut to that file (the rule already admits only it;
@@ -103,17 +111,15 @@ async def plan_passes(
     state_dir: Path,
     *,
     labels: Sequence[str] | None = None,
+    failed: list[tuple[Mapping, FilesyncError]] | None = None,
 ) -> list[PassSpec]:
     """The passes of ``call``; raises ``BadMapping`` before any pass runs.
 
     ``labels``: one per mapping, what an invalid pattern of that mapping's own
     ``exclude`` is named by in the ``PatternError`` (a config file's mapping); without
-    them every pattern is named ``--exclude``.
+    them every pattern is named ``--exclude``. ``failed``: where a mapping that cannot be
+    planned goes (with its ``BadMapping``) instead of raising, so the others still run.
     """
-
-    def resolved(remote: str) -> str:
-        return endpoint.resolve_root(join_remote(base, remote))
-
     if labels is not None and len(labels) != len(mappings):
         raise ValueError("plan_passes: give one label per mapping")
     out: list[PassSpec] = []
@@ -121,46 +127,88 @@ async def plan_passes(
         direction = direction_of(call, m)
         if direction is None:
             continue
-        remote_path = join_remote(base, m.remote)
-        remote_root = endpoint.resolve_root(remote_path)
-        local = _local_path(m.local)
-        own: list[tuple[str, list[str]]] = []
-        patterns = [*rules.exclude, *m.exclude]
-        if labels is not None:
-            patterns, own = [*rules.exclude], [(labels[i], list(m.exclude))]
-        if await _is_file(local, remote_root, endpoint):
-            name = local.name
-            rname = posixpath.basename(remote_root)
-            if rname != name:
-                raise BadMapping(
-                    f"single-file mapping {m.local} -> {m.remote}: the remote side must "
-                    f"name the file {name!r} too (got {rname or '/'!r}); give the remote "
-                    f"path ending in /{name}"
-                )
-            rule = _build(["/*", "!" + literal_pattern(name), *patterns], rules, None, own)
-            key = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-            parent = posixpath.dirname(remote_path) or "."
-            out.append(PassSpec(m, direction, local.parent, parent,
-                                posixpath.dirname(remote_root), name, rule,
-                                state_dir / "files" / key))
-        else:
-            nested = nested_excludes(m, mappings, remote_root=resolved)
-            if labels is not None:
-                own.append((f"{labels[i]} (a nested mapping's root)", nested))
-                nested = []
-            rule = _build([*patterns, *nested], rules, local, own)
-            out.append(PassSpec(m, direction, local, remote_path, remote_root, None, rule,
-                                state_dir))
+        label = None if labels is None else labels[i]
+        try:
+            out.append(await _plan_one(m, direction, mappings, endpoint, base, rules,
+                                       state_dir, label))
+        except BadMapping as exc:
+            if failed is None:
+                raise
+            failed.append((m, exc))
     return out
 
 
-def _local_path(text: str) -> Path:
+async def _plan_one(m: Mapping, direction: Direction, mappings: list[Mapping],
+                    endpoint: Endpoint, base: str, rules: Rules, state_dir: Path,
+                    label: str | None) -> PassSpec:
+    def resolved(remote: str) -> str:
+        return endpoint.resolve_root(join_remote(base, remote))
+
+    remote_path = join_remote(base, m.remote)
+    remote_root = endpoint.resolve_root(remote_path)
+    local = _local_path(m)
+    own: list[tuple[str, list[str]]] = []
+    patterns = [*rules.exclude, *m.exclude]
+    if label is not None:
+        patterns, own = [*rules.exclude], [(label, list(m.exclude))]
+    if await _is_file(m, local, remote_root, endpoint):
+        # The remote name: the one written, or the host's (the link's, for a symlink)
+        # when the remote path names a directory to put it in.
+        shown = os.path.basename(os.path.normpath(m.local))
+        if _names_directory(m.remote):
+            remote_path = posixpath.join(remote_path, shown)
+            remote_root = endpoint.resolve_root(remote_path)
+        name, rname = local.name, posixpath.basename(remote_root)
+        if not rname:
+            raise _bad(m, "the remote path names no file; give the file's remote path")
+        rule = _build(["/*", "!" + literal_pattern(name), *patterns], rules, None, own)
+        rename = None
+        if rname != name:
+            rename = Rename(name, rname, _build(["/*", "!" + literal_pattern(rname),
+                                                 *patterns], rules, None, own), _label(m))
+        # Keyed by the names the mapping is written with (a link's, not its target's), so
+        # two mappings of one file under two remote names keep apart.
+        keyed = shown if shown == rname else f"{shown}\0{rname}"
+        key = hashlib.sha256(keyed.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        parent = posixpath.dirname(remote_path) or "."
+        return PassSpec(m, direction, local.parent, parent, posixpath.dirname(remote_root),
+                        name, rule, state_dir / "files" / key, rename)
+    nested = nested_excludes(m, mappings, remote_root=resolved)
+    if label is not None:
+        own.append((f"{label} (a nested mapping's root)", nested))
+        nested = []
+    rule = _build([*patterns, *nested], rules, local, own)
+    return PassSpec(m, direction, local, remote_path, remote_root, None, rule, state_dir)
+
+
+def _label(m: Mapping) -> str:
+    return f"mapping {m.local} -> {m.remote}"
+
+
+def _bad(m: Mapping, why: str) -> BadMapping:
+    return BadMapping(f"{_label(m)}: {why}")
+
+
+def _names_directory(remote: str) -> bool:
+    """Whether a single file's remote path names the directory to put it in, as ``cp``
+    reads ``host:dir/``: a trailing ``/``, or the remote base itself."""
+    return remote in ("", ".", "~") or remote.endswith("/")
+
+
+def _local_path(m: Mapping) -> Path:
     """The mapping's local path with its parents resolved; the last part is resolved too
-    when it is a directory (as the CLI does), never when it is a symlink to a file (the
-    walk does not follow symlinks, so such a file could never sync)."""
-    path = Path(os.path.abspath(text))
+    when it is a directory (as the CLI does), or a symlink to a regular file: the target
+    is what is synced (the walk never follows a symlink itself)."""
+    path = Path(os.path.abspath(m.local))
     if path.is_symlink() and not path.is_dir():
-        raise BadMapping(f"{text} is a symlink; map the file it points to")
+        target = path.resolve()
+        if not target.exists():
+            raise _bad(m, f"{m.local} is a symlink to {target}, which does not exist; "
+                          "fix the link or map the file itself")
+        if not target.is_file():
+            raise _bad(m, f"{m.local} is a symlink to {target}, not a regular file; map a "
+                          "directory or a file")
+        return target
     return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
@@ -173,18 +221,18 @@ def _build(patterns: list[str], rules: Rules, root: Path | None,
         raise UsageError(f"bad exclude pattern ({exc}); use gitignore syntax") from None
 
 
-async def _is_file(local: Path, remote_root: str, endpoint: Endpoint) -> bool:
+async def _is_file(m: Mapping, local: Path, remote_root: str, endpoint: Endpoint) -> bool:
     """Whether the mapping names a single file: the local side says so when it exists
     (a directory or a regular file), else the remote side does."""
     if local.is_dir():
         return False
     if local.exists():
         if not local.is_file():
-            raise BadMapping(f"{local} is neither a directory nor a regular file; map a "
-                             "directory or a file")
+            raise _bad(m, f"{local} is neither a directory nor a regular file; map a "
+                          "directory or a file")
         return True
     name = posixpath.basename(remote_root)
-    if not name:
+    if not name or _names_directory(m.remote):
         return False
     only = ExcludeRule.build(["/*", "!" + literal_pattern(name)], default_excludes=False)
     listing = await endpoint.list_tree(posixpath.dirname(remote_root), only)

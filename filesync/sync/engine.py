@@ -25,6 +25,7 @@ from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
 from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
 from filesync.host.state import ConflictRecord, PairState
@@ -121,8 +122,11 @@ async def run_pass(
     walk = (planning.start_walk(local_root, opts.rule, opts.watch)
             if opts.host_scans is None else None)
     # The first listing rides behind the helper's source: no round trip is waited for.
-    session = await session_for(conduit, opts.log, (remote_path, opts.rule), opts.watch,
+    remote_rule = opts.rule if opts.rename is None else opts.rename.rule
+    session = await session_for(conduit, opts.log, (remote_path, remote_rule), opts.watch,
                                 opts.idle_timeout)
+    if opts.rename is not None:
+        session = RenamedEndpoint(session, opts.rename)
     ok = False
     report = Report()
     try:

@@ -22,6 +22,7 @@ from filesync.core.model import Listing, Skipped
 from filesync.core.reconcile import Action, Direction, Version
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
+from filesync.endpoint.renamed import Rename
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
 from filesync.host.shared_scan import HostScans
@@ -69,6 +70,9 @@ class Options:
     #: The host walks, digests and upload reads this pass shares with the other passes of
     #: its command (a fan-out): one ``HostScans`` per command run, None for a lone pass.
     host_scans: HostScans | None = None
+    #: A single-file pass whose file has another name on the remote (the session's
+    #: planner sets it): the pass sees the remote through ``RenamedEndpoint``.
+    rename: Rename | None = None
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,9 @@ def parse_remote(text: str, via: str | None = None) -> Target:
     if match and "/" not in text.split(":", 1)[0]:
         host = match.group("host").strip("[]")
         return Target("ssh", match.group("path") or ".", host, match.group("user"))
-    return Target("local", os.path.abspath(os.path.expanduser(text)))
+    path = os.path.abspath(os.path.expanduser(text))
+    # A trailing '/' is kept: it says a single file goes inside that directory (as cp).
+    return Target("local", path + "/" if text.endswith("/") and path != "/" else path)
 
 
 def _parse_url(text: str) -> Target:

@@ -94,18 +94,42 @@ async def test_an_inner_credential_file_is_never_pulled_into_the_outer_tree(
 
 
 @pytest.mark.parametrize("remote", ["same", "wrap"], ids=["is-local", "contains-local"])
-async def test_a_remote_root_that_is_the_local_tree_is_refused_at_setup(
+async def test_a_remote_root_that_is_the_local_tree_is_refused_at_setup_when_asked(
     box: Any, tmp_path: Path, remote: str,
 ) -> None:
     # The container's /root is box.home on this machine: the same tree reached twice.
     local = box.home / "same" if remote == "same" else box.home / "wrap" / "in"
     write(local / "a.txt", "a\n")
     before = snapshot(box.home)
+    term = SSHTerminal(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "state",
+                       mappings=[Mapping(local, remote)], on_self_sync="raise")
     with pytest.raises(SelfSync) as caught:
-        async with _term(box, tmp_path, [Mapping(local, remote)]):
+        async with term:
             raise AssertionError("the block must not run")
     assert "same tree" in str(caught.value) and "\n" not in str(caught.value)
     assert snapshot(box.home) == before  # nothing pushed, no check file left behind
+
+
+async def test_a_loopback_target_keeps_the_terminal_working_with_sync_off(
+    box: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A user pointing the terminal at its own home (127.0.0.1 from cron): by default
+    # sync turns off with one warning, and commands run.
+    local = box.home / "loop"
+    write(local / "a.txt", "a\n")
+    mappings = [Mapping(local, "loop"), Mapping(local / "a.txt", "loop-a.txt", "upload-only")]
+    before = snapshot(box.home)
+    caplog.set_level("WARNING", logger="filesync.backends")
+    async with SSHTerminal(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "state",
+                           mappings=mappings, sync_before_run=True, sync_interval=0.0) as t:
+        assert not t.sync_enabled
+        r = await t.run("echo remote > loop/b.txt && echo ok")
+        assert (r.returncode, r.stdout) == (0, "ok\n")
+        assert (await (await t.spawn("cat loop/a.txt")).wait()).stdout.endswith("a\n")
+    warnings = [r for r in caplog.records if "sync is off" in r.getMessage()]
+    assert len(warnings) == 1 and "same tree" in warnings[0].getMessage()
+    assert t.reports == [] and t.sync_back_errors == []
+    assert snapshot(box.home) == {**before, "loop/b.txt": b"remote\n"}
 
 
 # -- watch mode -------------------------------------------------------------------------------
@@ -151,3 +175,28 @@ async def test_a_failed_sync_back_is_kept_and_the_other_mappings_still_pull(
     assert snapshot(first) == {"f.txt": b"first\n"}
     assert snapshot(second) == {"s.txt": b"edit\n"}
     assert [r.downloaded for r in term.reports] == [0, 0, 1]
+
+
+# -- pushes before commands -------------------------------------------------------------------
+
+
+async def test_a_failed_push_before_a_command_is_logged_and_retried_at_the_next_one(
+    box: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # (The interval rule itself is the shared policy's, tested with an injected clock in
+    # test_backend_sync.py: a failed push is retried before the interval has passed.)
+    vault = tmp_path / "vault"
+    write(vault / "v1.json", "v1\n", 0o600)
+    link = tmp_path / "gh.json"
+    link.symlink_to(vault / "v1.json")
+    caplog.set_level("WARNING", logger="filesync.backends.sync")
+    async with SSHTerminal(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "state",
+                           mappings=[Mapping(link, "retry/gh_token.json", "upload-only")],
+                           sync_before_run=True, sync_interval=0.0) as t:
+        link.unlink()
+        link.symlink_to(vault / "v2.json")  # not written yet: the push cannot run
+        r = await t.run("cat retry/gh_token.json")
+        assert (r.returncode, r.stdout) == (0, "v1\n")  # the command ran anyway
+        assert any(str(link) in rec.getMessage() for rec in caplog.records)
+        write(vault / "v2.json", "v2\n", 0o600)
+        assert (await t.run("cat retry/gh_token.json")).stdout == "v2\n"

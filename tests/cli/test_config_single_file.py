@@ -136,23 +136,39 @@ remote = "cfg"
     assert (host / "cfg" / "remote-only.txt").exists() and (box / "cfg" / "sibling.txt").exists()
 
 
-def test_a_differing_basename_is_one_line_exit_2(
+def test_a_differing_remote_name_renames_and_a_bad_mapping_is_one_line_exit_2(
     sides: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     host, box, _ = sides
-    cfg = write(tmp_path / "bad.toml", f"""
+    (host / "cfg" / "gh.json").symlink_to(host / "cfg" / "token.json")
+    mappings = f"""
 remotes = ["{box}"]
 [[mapping]]
 local = "{host / 'skills'}"
 remote = "skills"
 [[mapping]]
-local = "{host / 'cfg' / 'token.json'}"
-remote = "cfg/credentials.json"
+local = "{host / 'cfg' / 'gh.json'}"
+remote = ".agent/gh_token.json"
+mode = "upload-only"
+"""
+    cfg = write(tmp_path / "ok.toml", mappings)
+    code, doc, err = cli("push", "--config", str(cfg), "--json",
+                         "--state-dir", str(tmp_path / "s"))
+    assert code == 0 and doc["uploaded"] == 2, err
+    assert (box / ".agent" / "gh_token.json").read_text() == "local-token\n"
+    assert stat.S_IMODE((box / ".agent" / "gh_token.json").stat().st_mode) == 0o600
+    (host / "cfg" / "dangling.json").symlink_to(host / "cfg" / "gone.json")
+    bad = write(tmp_path / "bad.toml", mappings + f"""
+[[mapping]]
+local = "{host / 'cfg' / 'dangling.json'}"
+remote = "cfg/d.json"
 """)
+    write(host / "skills" / "new.md", "new\n")
     before = snapshot(box)
-    code, _, err = cli("push", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    code, _, err = cli("push", "--config", str(bad), "--state-dir", str(tmp_path / "s"))
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith("filesync: error: single-file mapping ") and "'token.json'" in err
+    assert err.startswith(f"filesync: error: mapping {host / 'cfg' / 'dangling.json'} -> "
+                          "cfg/d.json: ") and "does not exist" in err
     assert snapshot(box) == before  # refused before any pass, the directory's included
 
 
@@ -209,6 +225,35 @@ def test_single_file_mappings_through_a_real_sshd(sshd: SshdContainer, tmp_path:
         subprocess.run(["rm", "-rf", str(box.parent / rel)], check=False)
 
 
+@pytest.mark.sshd
+def test_a_symlinked_credential_goes_under_another_name_through_a_real_sshd(
+    sshd: SshdContainer, tmp_path: Path
+) -> None:
+    userhome = tmp_path / "userhome"
+    userhome.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"} | {"HOME": str(userhome)}
+    secrets, rel = tmp_path / "secrets", f"cred-{tmp_path.name}"
+    write(secrets / "github-token-v2.json", "v2\n", 0o600)
+    link = tmp_path / "gh.json"
+    link.symlink_to(secrets / "github-token-v2.json")
+    box = sshd.home / rel
+    write(box / ".hermes" / "other.json", "stays\n")
+    common = ("--json", "-F", str(sshd.ssh_config), "--state-dir", str(tmp_path / "state"))
+    try:
+        code, doc, err = cli("push", str(link), f"{sshd.alias}:{rel}/.hermes/gh_token.json",
+                             *common, env=env)
+        assert code == 0 and doc["uploaded"] == 1, err
+        assert (box / ".hermes" / "gh_token.json").read_text() == "v2\n"
+        assert stat.S_IMODE((box / ".hermes" / "gh_token.json").stat().st_mode) == 0o600
+        code, doc, err = cli("push", str(link), f"{sshd.alias}:{rel}/", *common, env=env)
+        assert code == 0 and doc["uploaded"] == 1, err
+        assert snapshot(box) == {".hermes/gh_token.json": b"v2\n", "gh.json": b"v2\n",
+                                 ".hermes/other.json": b"stays\n"}
+        assert link.is_symlink() and snapshot(secrets) == {"github-token-v2.json": b"v2\n"}
+    finally:
+        subprocess.run(["rm", "-rf", str(box)], check=False)
+
+
 def test_positional_file_local_is_the_same_single_file_mapping(
     sides: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -234,7 +279,26 @@ def test_positional_file_local_is_the_same_single_file_mapping(
     assert {k: v for k, v in others(box / "cfg").items() if k != "new.toml"} == before_box
 
 
-def test_positional_file_with_another_name_or_resolve_is_one_line_exit_2(
+def test_positional_file_goes_under_another_name_or_into_a_dir_ending_in_a_slash(
+    sides: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    host, box, _ = sides
+    token = str(host / "cfg" / "token.json")
+    state = ("--state-dir", str(tmp_path / "s"))
+    before = snapshot(box)
+    code, doc, err = cli("push", token, str(box / "cfg" / "credentials.json"), "--json", *state)
+    assert code == 0 and doc["uploaded"] == 1, err
+    code, doc, err = cli("push", token, str(box / "cfg" / "sub") + "/", "--json", *state)
+    assert code == 0 and doc["uploaded"] == 1, err
+    assert snapshot(box) == {**before, "cfg/credentials.json": b"local-token\n",
+                             "cfg/sub/token.json": b"local-token\n"}
+    write(box / "cfg" / "credentials.json", "remote\n")
+    code, doc, err = cli("pull", token, str(box / "cfg" / "credentials.json"), "--json", *state)
+    assert code == 0 and doc["downloaded"] == 1, err
+    assert Path(token).read_text() == "remote\n"
+
+
+def test_positional_file_onto_a_remote_dir_or_resolve_is_one_line_exit_2(
     sides: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     host, box, _ = sides
@@ -242,7 +306,7 @@ def test_positional_file_with_another_name_or_resolve_is_one_line_exit_2(
     before = snapshot(box)
     code, _, err = cli("push", token, str(box / "cfg"), "--state-dir", str(tmp_path / "s"))
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "must name the file 'token.json'" in err
+    assert "is a directory" in err and "cfg/token.json" in err and "end the remote" in err
     code, _, err = cli("resolve", token, str(box / "cfg"), "x", "--keep", "local")
     assert code == 2 and len(err.splitlines()) == 1 and "is not a directory" in err, err
     assert snapshot(box) == before

@@ -779,3 +779,29 @@ def test_full_remote_disk_fails_only_what_did_not_fit(spair: SshPair, box: SshdC
         assert digest == hashlib.sha256((spair.local / "z-huge.bin").read_bytes()).hexdigest()
     finally:
         box.run_inside(f"umount -l {inside}")
+
+
+@pytest.mark.sshd
+def test_a_file_under_another_remote_name_through_the_posix_fallback(
+    box: SshdContainer, tmp_path: Path
+) -> None:
+    from filesync import Mapping, Session
+
+    write(tmp_path / "creds" / "gh-v2.json", "v2\n", 0o600)
+    write(tmp_path / "creds" / "other.json", "stays local\n")
+    remote = box.home / "posix-rename"
+    write(remote / "gh-v2.json", "a remote file of the host's name\n")
+    lines: list[str] = []
+    m = Mapping(tmp_path / "creds" / "gh-v2.json", "posix-rename/gh_token.json")
+    with Session(box.alias, ssh_config=box.ssh_config, state_dir=tmp_path / "s",
+                 log=lines.append) as s:
+        assert s.push(m).uploaded == 1
+        assert any("POSIX fallback" in line for line in lines)
+        assert (remote / "gh_token.json").read_text() == "v2\n"
+        assert os.stat(remote / "gh_token.json").st_mode & 0o777 == 0o600
+        write(remote / "gh_token.json", "rotated\n", 0o600)
+        assert s.pull(m).downloaded == 1
+    assert snapshot(tmp_path / "creds") == {"gh-v2.json": b"rotated\n",
+                                            "other.json": b"stays local\n"}
+    assert snapshot(remote) == {"gh-v2.json": b"a remote file of the host's name\n",
+                                "gh_token.json": b"rotated\n"}

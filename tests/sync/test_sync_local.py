@@ -326,10 +326,11 @@ def test_exclude_options_and_filesyncignore(pair: Pair) -> None:
 def test_usage_errors_are_one_line_with_exit_2(pair: Pair, tmp_path: Path) -> None:
     code, report = pair.run("push", "--max-file-size", "lots")
     assert code == 2 and "size" in report["error"]
-    afile = write(tmp_path / "afile", "x")
-    # A file LOCAL is a single-file mapping: REMOTE must name that file too.
+    afile = write(tmp_path / "elsewhere" / "afile", "x")
+    write(pair.remote / "theirs.txt", "remote\n")
+    # A file LOCAL is a single-file mapping: a REMOTE that is a directory must say so.
     code, report = Pair(afile, pair.remote, pair.state).run("push")
-    assert code == 2 and "must name the file 'afile'" in report["error"]
+    assert code == 2 and "is a directory" in report["error"]
     assert "Traceback" not in pair.stderr
 
 

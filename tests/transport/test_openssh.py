@@ -588,7 +588,7 @@ def test_a_command_failing_before_it_connects_ends_its_begun_login(
 ) -> None:
     run = Run(tmp_path, sshd, block("failing", sshd), "failing")
     not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("x")
+    not_a_dir.symlink_to(tmp_path / "gone")  # a dangling link: refused once connected
     code = (
         "import json, sys\n"
         "from filesync.transport.ssh import openssh_login as login\n"
@@ -599,7 +599,7 @@ def test_a_command_failing_before_it_connects_ends_its_begun_login(
         "    begun.append(real(*a, **kw))\n"
         "    return begun[-1]\n"
         "login.begin = begin\n"
-        "rc = main(sys.argv[1:])\n"  # LOCAL is a file: a usage error, after the begin
+        "rc = main(sys.argv[1:])\n"  # a dangling LOCAL: a usage error, after the begin
         "print(json.dumps({'rc': rc, 'dirs': [str(p.workdir) for p in begun],\n"
         "                  'left': [str(p.workdir) for p in begun if p.workdir.exists()]}))\n"
     )
