@@ -28,6 +28,7 @@ import dataclasses
 import os
 import re
 import shlex
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,10 @@ from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import (
     ConnectionLost,
     FilesyncError,
+    InternalError,
     SessionClosed,
     SessionTimeout,
+    ShutdownError,
     UsageError,
 )
 from filesync.mapping import Mapping
@@ -215,6 +218,15 @@ class AsyncSession:
         items = as_list(mappings)
         if self._closed:
             raise closed_error()
+        try:
+            return await self._serialized(call, items, keep_going)
+        except (FilesyncError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise unexpected_error(exc) from exc
+
+    async def _serialized(self, call: Call, items: list[Mapping],
+                          keep_going: bool) -> SessionReport:
         async with self._serial():
             if self._closed:
                 raise closed_error()
@@ -306,6 +318,18 @@ async def _release(conduit: Conduit, *, polite: bool) -> None:
         await drop_session(conduit, polite=polite)
     finally:
         await conduit.close()
+
+
+def unexpected_error(exc: Exception) -> FilesyncError:
+    """What a call raises for an exception that is no ``FilesyncError``: one line naming
+    it (a caller that catches the documented errors never sees anything else)."""
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if sys.is_finalizing():
+        return ShutdownError(f"the interpreter is shutting down and the call failed ({what}); "
+                             "sync before exit (an atexit hook works) or close() the "
+                             "session explicitly")
+    return InternalError(f"filesync failed unexpectedly ({what}); both sides are whole, "
+                         "call again, and report this with the traceback of __cause__")
 
 
 def closed_error() -> SessionClosed:
