@@ -122,7 +122,7 @@ class AsyncSession:
         default_excludes: bool = True,
         accept_new_host_key: bool = False,
         timeout: float | None = None,
-        lock_timeout: float | None = None,
+        lock_timeout: float = 60.0,
         connect_timeout: float = 15.0,
         force: bool = False,
         max_file_size: int = 1 << 30,
@@ -158,7 +158,8 @@ class AsyncSession:
         #: The bound on each call, in seconds (None: none); may be changed between calls.
         self.timeout = timeout
         self._options = Options(Direction.PUSH, state_dir=self.state_dir, force=force,
-                                lock_timeout=lock_timeout or 0.0, max_file_size=max_file_size,
+                                lock_timeout=lock_timeout, lock_option=_lock_option(lock_timeout),
+                                max_file_size=max_file_size,
                                 max_pull_bytes=max_pull_bytes, log=log, watch=watch)
         self._watch = watch
         self._log = log
@@ -335,6 +336,11 @@ def unexpected_error(exc: Exception) -> FilesyncError:
 def closed_error() -> SessionClosed:
     """The error of a call after ``close()``."""
     return SessionClosed("this filesync session is closed; open a new Session to sync again")
+
+
+def _lock_option(lock_timeout: float) -> str:
+    return (f"raise the session's lock_timeout (it waited {lock_timeout:g} s)" if lock_timeout
+            else "give the session a lock_timeout in seconds to wait for it")
 
 
 def _path(value: StrPath | None) -> Path | None:

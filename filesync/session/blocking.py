@@ -66,7 +66,7 @@ class Session:
         default_excludes: bool = True,
         accept_new_host_key: bool = False,
         timeout: float | None = None,
-        lock_timeout: float | None = None,
+        lock_timeout: float = 60.0,
         connect_timeout: float = 15.0,
         force: bool = False,
         max_file_size: int = 1 << 30,
