@@ -18,7 +18,11 @@ Guarantees:
   done and recorded); with ``keep_going=True`` a pass's ``FilesyncError`` is kept in
   ``report.failed`` and the next passes run (a lost connection is still raised);
   ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
-  by it leaves nothing half-applied (the engine journals every change).
+  by it leaves nothing half-applied (the engine journals every change);
+- a pass waits up to ``lock_timeout`` (60 s; 0: not at all) for another run of its pair
+  (a session in another thread or process), sleeping on the loop; then ``LockBusy``,
+  whose message names ``lock_timeout``;
+- a call raises only ``FilesyncError``s: anything else becomes ``InternalError``.
 """
 
 from __future__ import annotations

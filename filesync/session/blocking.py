@@ -13,7 +13,14 @@ Guarantees:
 - a call made from inside the session's own loop (a ``log`` callback) raises
   ``UsageError`` rather than deadlocking;
 - interrupting the waiting thread (``KeyboardInterrupt``) cancels the running call; the
-  engine's journal keeps both sides whole.
+  engine's journal keeps both sides whole;
+- teardown anywhere: calls and ``close()`` work from an ``atexit`` hook and from a
+  finalizer run while the interpreter shuts down. An exit hook stops every session's loop
+  thread (the interpreter would freeze it mid-call) and keeps the loop and its
+  connection: later calls run that loop in the calling thread (``_park``), as does a
+  session first used once the exit began. A session collected unclosed closes itself;
+- a call finishes or raises a ``FilesyncError``: an exception filesync did not expect
+  becomes ``InternalError`` (``ShutdownError`` during shutdown), one line.
 """
 
 from __future__ import annotations
