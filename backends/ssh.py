@@ -53,7 +53,6 @@ from filesync import (
     SessionReport,
     WatchLoop,
     default_state_dir,
-    drop_session,
     open_ssh,
 )
 
@@ -182,7 +181,7 @@ class SSHTerminal:
                 self._watch = await self._session.watch(self.mappings, self._keep)
             await self._snapshot()
         except BaseException:
-            await self._close(polite=False)
+            await self._close()
             raise
         return self
 
@@ -197,7 +196,7 @@ class SSHTerminal:
             await self._stop_watch()
             await self.sync_back()
         finally:
-            await self._close(polite=True)
+            await self._close()
 
     async def _kill_commands(self) -> None:
         commands, self._commands = self._commands, None
@@ -216,19 +215,20 @@ class SSHTerminal:
                 log.warning("the watch stopped: %s", exc)
                 self.sync_back_errors.append(exc)
 
-    async def _close(self, *, polite: bool) -> None:
+    async def _close(self) -> None:
         await self._kill_commands()
         await self._stop_watch()
-        # The session runs on the terminal's connection, so ending the helper and closing
-        # the connection here is all its close() would do; it is never called again.
-        self._session = None
+        # The session runs on the terminal's connection: its close() ends the helper (and
+        # the connection, once a call used it); the connection is closed here in any case.
+        session, self._session = self._session, None
         self._sync = None
-        if self._conduit is not None:
-            conduit, self._conduit = self._conduit, None
-            try:
-                await drop_session(conduit, polite=polite)
-            finally:
-                await conduit.close()
+        conduit, self._conduit = self._conduit, None
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            if conduit is not None:
+                await conduit.close()  # idempotent
 
     def _check_local_roots(self) -> None:
         # Refused before connecting: the setup push would only fail later, half done.

@@ -1,23 +1,24 @@
 """filesync: bidirectional, crash-safe file sync over SSH.
 
-The public API is what ``__all__`` names; everything else is internal and may change.
+The public API is the Session tier, what ``__all__`` names (``docs/library.md``); every
+other module is internal and may change:
 
-- ``Session`` (blocking, any thread) and ``AsyncSession`` push, pull, sync and report the
-  status of ``Mapping``s over one kept connection, returning a ``SessionReport``; this is
-  the API for agent frameworks (``docs/library.md``);
+- ``Session`` (blocking, any thread, teardown from ``atexit`` and finalizers included)
+  and ``AsyncSession`` push, pull, sync and report the status of ``Mapping``s over one
+  kept connection, returning a ``SessionReport``;
 - ``Mapping`` describes one synced tree or file (``TWO_WAY`` or ``UPLOAD_ONLY``);
-- ``run_pass`` runs one pass (push, pull or sync: ``Direction``) of one local root against
-  one remote root over a ``Conduit``, with ``Options``, and returns a ``Report``;
-  ``drop_session`` ends the remote helper a conduit keeps between passes;
-- ``open_ssh(host, ...)`` opens an SSH conduit with the CLI's client (the system OpenSSH
-  client wherever ``ssh`` exists, else asyncssh); ``connect_ssh(SshTarget(...))`` opens
-  one with asyncssh; ``Conduit``/``RemoteProcess`` are the protocols a custom transport
-  implements;
-- ``ExcludeRule`` is the one exclusion rule; ``default_state_dir`` where state lives;
-- ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
-  together: the innermost mapping owns a path;
-- ``FilesyncError`` is the base of every expected failure (its message names the cause and
-  the fix; ``exit_code`` is the CLI's), with one subclass per failure kind.
+  ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
+  together (the innermost mapping owns a path);
+- the reports: ``Report`` (one pass), ``SessionReport`` (one call), ``Change`` and its
+  ``ChangeAction`` (a ``StrEnum``: each member equals its JSON string);
+- ``FilesyncError`` is the base of every failure a call raises (its message names the
+  cause and the fix; ``exit_code`` is the CLI's), with one subclass per failure kind;
+- custom transports: ``Conduit``/``RemoteProcess`` are the protocols one implements, and
+  ``open_ssh(host, ...)`` opens an SSH conduit with the CLI's client, to share with one's
+  own commands;
+- ``default_state_dir`` is where state lives by default; ``DEFAULT_EXCLUDED_DIRS`` the
+  directories pruned by default; ``profile_snippet`` a PATH snippet for
+  ``/etc/profile.d`` (docs/terminal.md).
 
 Names are imported on first use, so ``import filesync`` (and the CLI's cold start) loads
 no SSH library until a name that needs one is asked for.
@@ -32,6 +33,7 @@ from filesync.errors import (
     BadMapping,
     ConnectionLost,
     FilesyncError,
+    InternalError,
     LockBusy,
     PatternError,
     RemoteSilent,
@@ -39,6 +41,7 @@ from filesync.errors import (
     SelfSync,
     SessionClosed,
     SessionTimeout,
+    ShutdownError,
     TransportError,
     UsageError,
 )
@@ -46,24 +49,18 @@ from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping, nested_excludes
 from filesync.version import __version__
 
 if TYPE_CHECKING:
-    from filesync.core.exclude import DEFAULT_EXCLUDED_DIRS, ExcludeRule
-    from filesync.core.reconcile import Direction
-    from filesync.endpoint.connect import drop_session
+    from filesync.core.exclude import DEFAULT_EXCLUDED_DIRS
     from filesync.host.state import default_state_dir
     from filesync.profile_d import profile_snippet
     from filesync.session import AsyncSession, Session, SessionReport, Watch, WatchLoop
-    from filesync.sync.engine import Options, Report, TransferFailed, run_pass
+    from filesync.sync.changes import Change, ChangeAction
+    from filesync.sync.engine import Report, TransferFailed
     from filesync.transport.base import Conduit, RemoteProcess
-    from filesync.transport.ssh.conduit import SshTarget
-    from filesync.transport.ssh.conduit import connect as connect_ssh
     from filesync.transport.target import open_ssh
 
 #: Public name -> (module, attribute), imported on first access.
 _LAZY: dict[str, tuple[str, str]] = {
     "DEFAULT_EXCLUDED_DIRS": ("filesync.core.exclude", "DEFAULT_EXCLUDED_DIRS"),
-    "ExcludeRule": ("filesync.core.exclude", "ExcludeRule"),
-    "Direction": ("filesync.core.reconcile", "Direction"),
-    "drop_session": ("filesync.endpoint.connect", "drop_session"),
     "default_state_dir": ("filesync.host.state", "default_state_dir"),
     "profile_snippet": ("filesync.profile_d", "profile_snippet"),
     "AsyncSession": ("filesync.session", "AsyncSession"),
@@ -71,26 +68,22 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SessionReport": ("filesync.session", "SessionReport"),
     "Watch": ("filesync.session", "Watch"),
     "WatchLoop": ("filesync.session", "WatchLoop"),
+    "Change": ("filesync.sync.changes", "Change"),
+    "ChangeAction": ("filesync.sync.changes", "ChangeAction"),
     "TransferFailed": ("filesync.sync.engine", "TransferFailed"),
-    "Options": ("filesync.sync.engine", "Options"),
     "Report": ("filesync.sync.engine", "Report"),
-    "run_pass": ("filesync.sync.engine", "run_pass"),
     "Conduit": ("filesync.transport.base", "Conduit"),
     "RemoteProcess": ("filesync.transport.base", "RemoteProcess"),
-    "SshTarget": ("filesync.transport.ssh.conduit", "SshTarget"),
-    "connect_ssh": ("filesync.transport.ssh.conduit", "connect"),
     "open_ssh": ("filesync.transport.target", "open_ssh"),
 }
 
 __all__ = [
-    "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "AsyncSession", "BadMapping", "Conduit",
-    "ConnectionLost", "Direction", "ExcludeRule", "FilesyncError", "LockBusy", "Mapping",
-    "Options", "PatternError", "RemoteProcess", "RemoteSilent", "Report", "SafetyRefusal",
-    "SelfSync", "Session", "SessionClosed", "SessionReport", "SessionTimeout", "SshTarget",
+    "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "AsyncSession", "BadMapping", "Change",
+    "ChangeAction", "Conduit", "ConnectionLost", "FilesyncError", "InternalError", "LockBusy",
+    "Mapping", "PatternError", "RemoteProcess", "RemoteSilent", "Report", "SafetyRefusal",
+    "SelfSync", "Session", "SessionClosed", "SessionReport", "SessionTimeout", "ShutdownError",
     "TransferFailed", "TransportError", "UsageError", "Watch", "WatchLoop", "__version__",
-    "connect_ssh",
-    "default_state_dir", "drop_session", "nested_excludes", "open_ssh", "profile_snippet",
-    "run_pass",
+    "default_state_dir", "nested_excludes", "open_ssh", "profile_snippet",
 ]  # fmt: skip
 
 

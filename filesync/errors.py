@@ -66,3 +66,16 @@ class SessionClosed(FilesyncError):
 
 class SessionTimeout(FilesyncError):
     """A session call took longer than its ``timeout``; nothing was half-applied."""
+
+
+class ShutdownError(FilesyncError):
+    """A session call that cannot run because the interpreter is shutting down past the
+    point where it could (a finalizer that needs a thread, or a loop thread frozen by
+    the shutdown). Sync before exit (an ``atexit`` hook works) or ``close()`` the
+    session explicitly."""
+
+
+class InternalError(FilesyncError):
+    """A session call failed in a way filesync did not expect (a bug): the message names
+    the original exception, which is also the ``__cause__``. Both sides stay whole (the
+    engine journals every change); report it."""

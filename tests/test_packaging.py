@@ -141,3 +141,15 @@ def test_nothing_imports_the_old_top_level_name() -> None:
     offenders = [p.relative_to(ROOT).as_posix() for p in files
                  if _TOP_LEVEL_IMPORT.search(p.read_text(encoding="utf-8"))]
     assert offenders == []
+
+
+def test_asyncssh_and_cryptography_are_only_in_extras(wheel: Path) -> None:
+    """``pip install filesync`` must not replace a framework's pinned ``cryptography``:
+    asyncssh (which brings it) is required only by the extras ``asyncssh`` and ``test``."""
+    info = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [line.split(":", 1)[1].strip()
+                for line in zipfile.ZipFile(wheel).read(info).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    plain = [r for r in requires if "extra ==" not in r]
+    assert plain and not any(n in r for r in plain for n in ("asyncssh", "cryptography"))
+    assert any(r.startswith("asyncssh") and 'extra == "asyncssh"' in r for r in requires)

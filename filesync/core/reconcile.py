@@ -28,7 +28,9 @@ class Direction(enum.Enum):
     SYNC = "sync"
 
 
-class Kind(enum.Enum):
+class Kind(enum.StrEnum):
+    """What a plan's step does; each member equals its JSON string (``"upload"``)."""
+
     UPLOAD = "upload"
     DOWNLOAD = "download"
     DELETE_LOCAL = "delete-local"

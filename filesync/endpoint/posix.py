@@ -342,7 +342,7 @@ class PosixEndpoint:
                     wanted[rel] = Listed(*stat)
             parser = TarFetch(wanted, sink)
             bridge = Bridge(proc, asyncio.get_running_loop(), bytes(head.buf))
-            await asyncio.to_thread(parser.run, bridge)
+            await bridge.feed(parser)
             rest = Lines(proc)
             region = bridge.tail + await rest.rest()
         except BaseException:

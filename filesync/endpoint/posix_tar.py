@@ -15,6 +15,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import IO, cast
 
+from filesync.core import offthread
 from filesync.endpoint.contract import FetchHeader, FetchSink, call_sink
 from filesync.endpoint.posix_parse import Listed
 from filesync.errors import ConnectionLost
@@ -43,6 +44,11 @@ class Bridge:
         data = asyncio.run_coroutine_threadsafe(self.proc.read(want), self.loop).result()
         self._reads = [self._reads[1], data]
         return data
+
+    async def feed(self, parser: TarFetch) -> None:
+        """Run ``parser`` over this stream in a thread (it blocks on reads this loop
+        serves, so never inline: ``ShutdownError`` once no thread can start)."""
+        await offthread.start(parser.run, self, inline=False)
 
     @property
     def tail(self) -> bytes:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing
 from filesync.host.scan import (
@@ -121,7 +122,7 @@ class HostScans:
         key = (str(root), json.dumps(rule.wire(), sort_keys=True))
         if key not in self._walks:
             self.walks += 1
-            walk = asyncio.get_running_loop().run_in_executor(None, list_local, root, rule, watch)
+            walk = offthread.start(list_local, root, rule, watch)
             self._walks[key] = (walk, started_ns)
         walk, began = self._walks[key]
         out: asyncio.Future[tuple[Listing, int]] = asyncio.get_running_loop().create_future()

@@ -10,6 +10,7 @@ state as it is.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import fcntl
@@ -17,7 +18,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -198,6 +199,7 @@ class PairState:
         *,
         lock_timeout: float = 0.0,
         keep_reads: bool = True,
+        lock_option: str = "pass --lock-timeout SECONDS",
     ) -> PairState:
         """Open (creating) the pair's state and take its lock, or raise ``LockBusy``.
 
@@ -214,7 +216,7 @@ class PairState:
             ) from exc
         state = cls(directory, keep_reads)
         try:
-            state._lock(lock_timeout)
+            state._lock(lock_timeout, lock_option)
             state._connect()
             info = {"local": local_root, "remote": remote_identity, "remote_root": remote_root}
             (directory / "pair.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
@@ -223,7 +225,7 @@ class PairState:
             raise
         return state
 
-    def _lock(self, timeout: float) -> None:
+    def _lock(self, timeout: float, option: str) -> None:
         fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + timeout
         while True:
@@ -236,7 +238,7 @@ class PairState:
                     os.close(fd)
                     raise LockBusy(
                         f"another filesync run (pid {holder}) is syncing this pair; "
-                        "wait for it to finish or pass --lock-timeout SECONDS"
+                        f"wait for it to finish or {option}"
                     ) from None
                 time.sleep(0.05)
         self._lock_fd = fd  # held from here on: close() releases it whatever fails next
@@ -436,3 +438,25 @@ class PairState:
                 [(c.path, c.local_hash, c.remote_hash, c.saved_to, time.time_ns())
                  for c in records],
             )
+
+
+async def open_pair(state_dir: Path, local_root: str, remote_identity: str, remote_root: str,
+                    *, lock_timeout: float, lock_option: str, keep_reads: bool = True,
+                    log: Callable[[str], None] | None = None) -> PairState:
+    """``PairState.open`` for code on an event loop: the wait of up to ``lock_timeout``
+    seconds for another run of the pair (another session, thread or process) sleeps on
+    the loop instead of blocking it; ``log`` is told once when the wait begins."""
+    deadline = time.monotonic() + lock_timeout
+    waiting = False
+    while True:
+        try:
+            return PairState.open(state_dir, local_root, remote_identity, remote_root,
+                                  keep_reads=keep_reads, lock_option=lock_option)
+        except LockBusy:
+            if time.monotonic() >= deadline:
+                raise
+        if not waiting and log is not None:
+            log(f"another filesync run is syncing this pair: waiting up to "
+                f"{lock_timeout:g} s for it")
+        waiting = True
+        await asyncio.sleep(0.05)

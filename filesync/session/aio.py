@@ -19,7 +19,11 @@ Guarantees:
   ``BadMapping`` (it names the mapping), is kept in ``report.failed`` and the other
   passes run (a lost connection and ``SelfSync`` are still raised);
   ``timeout`` bounds a whole call (``SessionTimeout``): a pass cut
-  by it leaves nothing half-applied (the engine journals every change).
+  by it leaves nothing half-applied (the engine journals every change);
+- a pass waits up to ``lock_timeout`` (60 s; 0: not at all) for another run of its pair
+  (a session in another thread or process), sleeping on the loop; then ``LockBusy``,
+  whose message names ``lock_timeout``;
+- a call raises only ``FilesyncError``s: anything else becomes ``InternalError``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import dataclasses
 import os
 import re
 import shlex
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +45,10 @@ from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import (
     ConnectionLost,
     FilesyncError,
+    InternalError,
     SessionClosed,
     SessionTimeout,
+    ShutdownError,
     UsageError,
 )
 from filesync.mapping import Mapping
@@ -125,7 +132,7 @@ class AsyncSession:
         default_excludes: bool = True,
         accept_new_host_key: bool = False,
         timeout: float | None = None,
-        lock_timeout: float | None = None,
+        lock_timeout: float = 60.0,
         connect_timeout: float = 15.0,
         force: bool = False,
         max_file_size: int = 1 << 30,
@@ -161,7 +168,8 @@ class AsyncSession:
         #: The bound on each call, in seconds (None: none); may be changed between calls.
         self.timeout = timeout
         self._options = Options(Direction.PUSH, state_dir=self.state_dir, force=force,
-                                lock_timeout=lock_timeout or 0.0, max_file_size=max_file_size,
+                                lock_timeout=lock_timeout, lock_option=_lock_option(lock_timeout),
+                                max_file_size=max_file_size,
                                 max_pull_bytes=max_pull_bytes, log=log, watch=watch)
         self._watch = watch
         self._log = log
@@ -247,6 +255,15 @@ class AsyncSession:
             raise closed_error()
         for loop in self._watches:
             loop.interrupt()
+        try:
+            return await self._serialized(call, items, keep_going)
+        except (FilesyncError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise unexpected_error(exc) from exc
+
+    async def _serialized(self, call: Call, items: list[Mapping],
+                          keep_going: bool) -> SessionReport:
         async with self._serial():
             if self._closed:
                 raise closed_error()
@@ -342,9 +359,26 @@ async def _release(conduit: Conduit, *, polite: bool) -> None:
         await conduit.close()
 
 
+def unexpected_error(exc: Exception) -> FilesyncError:
+    """What a call raises for an exception that is no ``FilesyncError``: one line naming
+    it (a caller that catches the documented errors never sees anything else)."""
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if sys.is_finalizing():
+        return ShutdownError(f"the interpreter is shutting down and the call failed ({what}); "
+                             "sync before exit (an atexit hook works) or close() the "
+                             "session explicitly")
+    return InternalError(f"filesync failed unexpectedly ({what}); both sides are whole, "
+                         "call again, and report this with the traceback of __cause__")
+
+
 def closed_error() -> SessionClosed:
     """The error of a call after ``close()``."""
     return SessionClosed("this filesync session is closed; open a new Session to sync again")
+
+
+def _lock_option(lock_timeout: float) -> str:
+    return (f"raise the session's lock_timeout (it waited {lock_timeout:g} s)" if lock_timeout
+            else "give the session a lock_timeout in seconds to wait for it")
 
 
 def _path(value: StrPath | None) -> Path | None:

@@ -36,6 +36,7 @@ from filesync.core.reconcile import Action, Direction
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.renamed import Rename
 from filesync.errors import BadMapping, FilesyncError, UsageError
+from filesync.host.state import default_state_dir
 from filesync.mapping import UPLOAD_ONLY, Mapping, literal_pattern, nested_excludes
 
 
@@ -241,8 +242,6 @@ async def _is_file(m: Mapping, local: Path, remote_root: str, endpoint: Endpoint
 
 def state_dir_of(path: str | os.PathLike[str] | None) -> Path:
     """The state dir: the given one with ``~`` expanded, else the CLI's default."""
-    from filesync.host.state import default_state_dir
-
     if path is None:
         return default_state_dir()
     return Path(os.path.expanduser(os.fspath(path)))

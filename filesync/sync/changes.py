@@ -27,8 +27,9 @@ import enum
 from dataclasses import dataclass
 
 
-class ChangeAction(enum.Enum):
-    """What a pass did to one file; the values are the JSON ``action`` strings."""
+class ChangeAction(enum.StrEnum):
+    """What a pass did to one file; the values are the JSON ``action`` strings, and
+    each member equals its string (``change.action == "upload"``)."""
 
     UPLOAD = "upload"
     DOWNLOAD = "download"

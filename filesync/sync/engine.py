@@ -28,7 +28,7 @@ from filesync.endpoint.connect import drop_session, session_for
 from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
-from filesync.host.state import ConflictRecord, PairState
+from filesync.host.state import ConflictRecord, open_pair
 from filesync.sync import plan as planning
 from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import Options, PassInputs
@@ -137,9 +137,10 @@ async def run_pass(
         checking = (asyncio.ensure_future(guard(conduit, local_root, remote_root))
                     if guard is not None else None)
         try:
-            state = PairState.open(
+            state = await open_pair(
                 opts.state_dir, str(local_root), conduit.identity, remote_root,
-                lock_timeout=opts.lock_timeout, keep_reads=opts.keep_state,
+                lock_timeout=opts.lock_timeout, lock_option=opts.lock_option,
+                keep_reads=opts.keep_state, log=opts.log,
             )
             try:
                 run_id = f"{time.time_ns():020d}-{os.getpid()}"

@@ -41,6 +41,8 @@ class Options:
     dry_run: bool = False
     force: bool = False
     lock_timeout: float = 0.0
+    #: How the caller raises ``lock_timeout``, named by ``LockBusy``'s message.
+    lock_option: str = "pass --lock-timeout SECONDS"
     #: Limits on what a pull or sync fetches from the remote (a push fetches only remote
     #: versions it must keep as conflict copies, whatever their size: never limited).
     max_file_size: int = 1 << 30

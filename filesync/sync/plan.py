@@ -22,6 +22,7 @@ from itertools import filterfalse
 from pathlib import Path
 from typing import Any
 
+from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.reconcile import Direction, Kind, Version, reconcile
@@ -88,8 +89,7 @@ def start_walk(local_root: Path, rule: ExcludeRule, watch: bool) -> Walk:
     remote helper, so that it overlaps the helper's start and its listing."""
     started_ns = time.time_ns()
     # Submitted at once (a task would start the thread only at the first await).
-    listing = asyncio.get_running_loop().run_in_executor(
-        None, list_local, local_root, rule, watch)
+    listing = offthread.start(list_local, local_root, rule, watch)
     # A pass that fails before ``scan`` leaves it unread: that is no error of its own.
     listing.add_done_callback(lambda f: f.cancelled() or f.exception())
     return Walk(started_ns, listing)
@@ -145,7 +145,7 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
                 return Sealed(seal.excluded)
     # The state's tables are read in a thread too, while this task waits for the remote
     # listing (a 100k-file pair: ~0.4 s of rows that would otherwise come before it).
-    reading = asyncio.get_running_loop().run_in_executor(None, _read_state, state)
+    reading = offthread.start(_read_state, state)
     try:
         if remote is None:
             remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)

@@ -12,7 +12,8 @@ from filesync import Mapping, Session
 
 KINDS = {"BadMapping": 2, "SelfSync": 3, "SessionClosed": 1, "SessionTimeout": 1,
          "TransferFailed": 1, "LockBusy": 1, "ConnectionLost": 1, "TransportError": 1,
-         "UsageError": 2, "SafetyRefusal": 3}
+         "UsageError": 2, "SafetyRefusal": 3, "ShutdownError": 1, "InternalError": 1,
+         "RemoteSilent": 1, "PatternError": 2}
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))

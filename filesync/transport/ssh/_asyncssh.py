@@ -1,15 +1,20 @@
 """asyncssh for the SSH client modules, imported without the liboqs lookup.
 
-Guarantees: ``conduit``, ``config`` and ``hostkeys`` take asyncssh from here only, so
+Guarantees: ``conduit``, ``config``, ``hostkeys`` and ``server`` take asyncssh from here
+only, so
 whichever of them is imported first, asyncssh is imported once with the lookup
 skipped and ``ctypes.util.find_library`` put back. ``reason()`` renders an asyncssh
 or OS error as one line, the form every ``TransportError`` and ``ConnectionLost``
-of these modules embeds.
+of these modules embeds. asyncssh is an extra (``filesync[asyncssh]``): without it,
+importing this module raises ``UsageError`` naming the pip command; the default OpenSSH
+path never imports it.
 """
 
 from __future__ import annotations
 
 import ctypes.util
+
+from filesync.errors import UsageError
 
 # asyncssh.crypto.pq looks for liboqs at import with ctypes.util.find_library("oqs")
 # and ("liboqs"); on Linux each call runs `ldconfig -p` (and may try gcc and ld), ~18 ms
@@ -25,9 +30,16 @@ def _find_library_without_oqs(name: str) -> str | None:
     return None if name in ("oqs", "liboqs") else _real_find_library(name)
 
 
+#: What a missing extra says (``pip install filesync`` leaves asyncssh, and with it
+#: ``cryptography``, out: a framework's pinned ``cryptography`` is never replaced).
+MISSING = ("asyncssh is not installed, and --ssh-client asyncssh and the demo need it: "
+           "pip install 'filesync[asyncssh]' (the default OpenSSH client needs nothing more)")
+
 ctypes.util.find_library = _find_library_without_oqs
 try:
     import asyncssh
+except ImportError as exc:
+    raise UsageError(MISSING) from exc
 finally:
     ctypes.util.find_library = _real_find_library
 

@@ -19,7 +19,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-import asyncssh
+from filesync.transport.ssh._asyncssh import asyncssh
 
 __all__ = ["InProcessServer", "start_server"]
 
