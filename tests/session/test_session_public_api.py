@@ -16,7 +16,7 @@ from filesync import Change, ChangeAction, Mapping, Session
 #: The Session tier, exactly (docs/library.md, "The public API, by name").
 TIER = {
     "Session", "AsyncSession", "Mapping", "TWO_WAY", "UPLOAD_ONLY", "nested_excludes",
-    "SessionReport", "Report", "Change", "ChangeAction",
+    "SessionReport", "Report", "Change", "ChangeAction", "Watch", "WatchLoop",
     "FilesyncError", "UsageError", "BadMapping", "PatternError", "SafetyRefusal", "SelfSync",
     "TransportError", "ConnectionLost", "RemoteSilent", "LockBusy", "TransferFailed",
     "SessionClosed", "SessionTimeout", "ShutdownError", "InternalError",

@@ -121,9 +121,12 @@ def test_a_cut_connection_is_retried_and_edits_made_meanwhile_arrive(
     seen: list[str] = []
     with _session(box, tmp_path, log=seen.append, connect_timeout=5) as s:
         w = s.watch(Mapping(local, name))
+        # The cut first, while the link is up, so the client sees its connection drop
+        # (with the link already down the FIN is lost and only the 60 s idle deadline
+        # would tell); then the link stays down so that reconnecting fails until it is up.
+        box.kill_sessions()
         box.link_down()
         try:
-            box.kill_sessions()
             until(lambda: any("connection was lost" in m for m in seen), "the loss is said")
             write(local / "host-while-down.md", "H")
             write(remote / "remote-while-down.md", "R")
