@@ -273,7 +273,7 @@ class Batch:
         self.pending: list[tuple[int, TempFile, list[int] | None]] = []
         #: a descriptor of its own per directory of the pending files (the ``Dirs``
         #: cache closes its own as the request moves on)
-        self.dirs: dict[tuple[str, ...], int] = {}
+        self.dirs: dict[tuple[int, int], int] = {}
 
     def put(self, row: list[Any]) -> None:
         """A file's row that needs no commit (refused, or aborted by the client)."""
@@ -284,14 +284,17 @@ class Batch:
         if row is not None:
             self.rows.append(row)
             return
-        key = tuple(sink.parts[:-1])
-        if key not in self.dirs:
-            try:
+        try:
+            # By identity, not name: a directory replaced since an earlier file of the
+            # batch is another directory, and the temp file is in the one it was made in.
+            st = os.fstat(sink.pfd)
+            key = (st.st_dev, st.st_ino)
+            if key not in self.dirs:
                 self.dirs[key] = os.dup(sink.pfd)
-            except OSError as exc:
-                sink.abort()
-                self.rows.append([sink.rel, "error", *reason_of(exc)])
-                return
+        except OSError as exc:
+            sink.abort()
+            self.rows.append([sink.rel, "error", *reason_of(exc)])
+            return
         sink.pfd = self.dirs[key]
         self.rows.append([])
         self.pending.append((len(self.rows) - 1, sink, expect))
