@@ -15,6 +15,7 @@ remote sees the same path: the sshd containers share the host's file systems exc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
@@ -226,3 +227,5 @@ def step_disk(b: Bench, disk: Path) -> None:
     finally:
         # never kept (not even with --keep): it is outside the work dir, on a real disk
         shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            disk.rmdir()  # only if the bench made it and nothing else is in it
