@@ -45,12 +45,16 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCH))
 
+import peers  # noqa: E402
 import sshd  # noqa: E402  (tests/sshd.py)
 import trees  # noqa: E402
 from trees import EXCLUDED_DIRS, MiB  # noqa: E402
 
-ALL_STEPS = ("initial", "noop", "edit", "pull", "warm", "scale", "bigfile", "fanout", "watch")
-SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm", "fanout", "watch")
+ALL_STEPS = ("initial", "noop", "edit", "pull", "warm", "scale", "bigfile", "fanout", "watch",
+             "unison", "disk")
+SMOKE_STEPS = ("initial", "noop", "edit", "pull", "warm", "fanout", "watch", "unison", "disk")
+#: Where the disk step puts every tree: a real file system, never a tmpfs (``--disk-dir``).
+DISK_DIR = Path("/var/tmp/filesync-bench-disk")
 CIPHER = "aes128-gcm@openssh.com"
 RUN_TIMEOUT = 900.0
 AGENT = "filesync --persist"  # the same CLI through the opt-in persistent agent
@@ -85,13 +89,17 @@ class Config:
     spec: trees.TreeSpec = field(default_factory=trees.TreeSpec)
     junk_mib: int = 24
     wait_idle: float = 120.0
+    disk: Path = DISK_DIR
 
     @classmethod
     def full(cls) -> Config:
         return cls(reps={"initial": 5, "noop": 7, "edit": 5, "pull": 5, "warm_noop": 11,
                          "warm_pull": 5, "scale_10k_initial": 3, "scale_10k_noop": 5,
                          "scale_100k_initial": 2, "scale_100k_noop": 3, "bigfile": 5,
-                         "fanout": 3, "fanout_noop": 3})
+                         "fanout": 3, "fanout_noop": 3, "unison_first": 5, "unison_noop": 7,
+                         "unison_edit": 5, "disk_initial": 5, "disk_noop": 7, "disk_pull": 5,
+                         "disk_unison_first": 3, "disk_unison_noop": 5, "disk_unison_edit": 3,
+                         "disk_100k_initial": 2, "disk_100k_noop": 3})
 
     @classmethod
     def smoke_cfg(cls) -> Config:
@@ -1107,7 +1115,9 @@ class Bench:
         steps = {"initial": self.step_initial, "noop": self.step_noop, "edit": self.step_edit,
                  "pull": self.step_pull, "warm": self.step_warm, "scale": self.step_scale,
                  "bigfile": self.step_bigfile, "fanout": self.step_fanout,
-                 "watch": self.step_watch}
+                 "watch": self.step_watch,
+                 "unison": lambda: peers.step_unison(self),
+                 "disk": lambda: peers.step_disk(self, self.cfg.disk)}
         needs_initial = {"noop", "edit", "pull", "warm"}
         selected = list(self.cfg.steps)
         if needs_initial & set(selected) and "initial" not in selected:
@@ -1195,6 +1205,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     add(f"{n}-host fan-out, client CPU vs 1 host", "<= 2.5x",
         many["cpu"] / one["cpu"] if many and one and one["cpu"] else None, 2.5)
     add("--persist no-op push", "<= 0.35x rsync", ratio("noop", f"{AGENT}/rsync"), 0.35)
+    out.extend(peer_targets(steps, label))
     out.extend(floors(steps, big_init))
     # Per-file cost, reported (the issue asks for the client CPU per 1,000 files).
     for kind, key in (("initial", big_init), ("no-op", big_noop)):
@@ -1205,6 +1216,46 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         "target": "reported", "value": med["cpu"] / files * 1000,
                         "measured": f"{med['cpu'] / files * 1000 * 1000:.1f} ms", "met": None,
                         "info": True})
+    return out
+
+
+def peer_targets(steps: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """Issue 21's targets: filesync ``sync`` against unison, and the disk step against rsync."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, target: str, value: float | None, limit: float) -> None:
+        if value is None:
+            out.append({"name": name, "target": target, "measured": None, "met": None})
+            return
+        out.append({"name": name, "target": target, "value": round(value, 4), "limit": limit,
+                    "measured": f"{value:.2f}x", "met": value <= limit})
+
+    def ratio(step: str, key: str) -> float | None:
+        return steps.get(step, {}).get("ratios", {}).get(key)
+
+    un = f"{peers.FS_SYNC}/{peers.UNISON}"
+    add("no-op sync vs unison, 3k files", "<= 1.0x unison", ratio("unison_noop", un), 1.0)
+    add("sync after 10 + 10 edits vs unison, 3k files", "<= 1.0x unison",
+        ratio("unison_edit", un), 1.0)
+    add("first sync vs unison, 3k files", "<= 0.5x unison", ratio("unison_first", un), 0.5)
+    add("disk: initial push vs rsync, 3k files", "<= 1.1x rsync",
+        ratio("disk_3k_initial", "filesync/rsync"), 1.1)
+    scaled = [k for k in steps if k.startswith("disk_") and k.endswith("_initial")
+              and k != "disk_3k_initial"] or ["disk_100k_initial"]
+    disk_label = scaled[0][len("disk_"):-len("_initial")]
+    add(f"disk: initial push vs rsync, {disk_label} files", "<= 1.3x rsync",
+        ratio(scaled[0], "filesync/rsync"), 1.3)
+    add("tmpfs: no-op push vs rsync, 3k files", "<= 1.1x rsync",
+        ratio("noop", "filesync/rsync"), 1.1)
+    add("tmpfs: pull of 10 edits vs rsync, 3k files", "<= 1.1x rsync",
+        ratio("pull", "filesync/rsync"), 1.1)
+    # The first no-op after the push is the no-op step's first repetition (filesync runs
+    # first in it); later repetitions find the pair sealed.
+    noop = steps.get(f"scale_{label}_noop", {}).get("runs", {})
+    first = None
+    if noop.get("filesync") and noop.get("rsync"):
+        first = noop["filesync"][0]["wall"] / median(r["wall"] for r in noop["rsync"])
+    add(f"{label}-file first no-op after a push (tmpfs)", "<= 1.3x rsync", first, 1.3)
     return out
 
 
@@ -1313,6 +1364,19 @@ def _is_tmpfs(path: Path) -> bool:
     return fstype == "tmpfs"
 
 
+def ensure_unison() -> bool:
+    """unison, the two-way peer: installed from Debian's package (as root) when missing."""
+    if shutil.which("unison") is not None:
+        return True
+    if os.geteuid() == 0 and shutil.which("apt-get") is not None:
+        print("bench: installing unison (apt-get)", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "unison"],
+                       env=env, check=False, stdout=subprocess.DEVNULL)
+    return shutil.which("unison") is not None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="filesync benchmarks (needs root)")
     ap.add_argument("--smoke", action="store_true", help="tiny trees, 1 repetition (CI)")
@@ -1321,6 +1385,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/run-*.json)")
     ap.add_argument("--workdir", type=Path, help="work dir (default: a new dir under /tmp)")
     ap.add_argument("--no-tmpfs", action="store_true", help="do not mount a tmpfs on it")
+    ap.add_argument("--disk-dir", type=Path, default=DISK_DIR,
+                    help="a dir on a real file system (not a tmpfs, not under /tmp, which "
+                    f"the sshd containers hide) for the disk step (default {DISK_DIR})")
     ap.add_argument("--keep", action="store_true", help="leave the work dir (needs --no-tmpfs)")
     ap.add_argument("--wait-idle", type=float, metavar="SECONDS",
                     help="before each step wait up to this long for other processes to leave "
@@ -1337,6 +1404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: cannot start sshd containers: {why}", file=sys.stderr)
         return 2
     missing = [t for t in ("rsync", "ssh", "tar") if shutil.which(t) is None]
+    if not missing and not ensure_unison():
+        missing = ["unison"]
     if missing:
         print(f"bench: missing tools: {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -1355,6 +1424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg.smoke = cfg.smoke and args.reps == 1
     if args.wait_idle is not None:
         cfg.wait_idle = args.wait_idle
+    cfg.disk = args.disk_dir.resolve()
+    if "disk" in cfg.steps and (_is_tmpfs(cfg.disk) or cfg.disk.is_relative_to("/tmp")):
+        print(f"bench: --disk-dir {cfg.disk} is on a tmpfs or under /tmp; give a dir on a "
+              "real disk", file=sys.stderr)
+        return 2
     if args.keep and not args.no_tmpfs:
         print("bench: --keep needs --no-tmpfs (the tmpfs goes away)", file=sys.stderr)
         return 2

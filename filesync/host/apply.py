@@ -5,7 +5,9 @@
   size and mtime the scan saw (else it becomes a conflict, and nothing is lost);
 - a delete unlinks only a target that is unchanged since the scan;
 - before either, the old file is kept (hard-linked, or copied with its permission
-  bits) in the undo dir.
+  bits) in the undo dir;
+- the directories that received a file are fsynced once each, by ``flush`` (the staged
+  files' data was flushed before: ``StagingSink.flush``), before the apply is committed.
 The intent journal that orders these ops, and the recovery that replays it after a
 crash, are ``filesync.host.journal``.
 """
@@ -23,7 +25,14 @@ from pathlib import Path
 
 from filesync.host.faults import crash_point
 from filesync.host.scan import hash_fd
-from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, delete_file, open_parent, unchanged
+from filesync.tree.dirfd import (
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    delete_file,
+    fsync_dir,
+    open_parent,
+    unchanged,
+)
 from filesync.tree.paths import split_rel
 from filesync.tree.wire import Reason, describe, parse_reason, reason_of
 
@@ -68,9 +77,25 @@ class HostTree:
         self.root = root
         self.fd = os.open(root, DIR_FLAGS)
         self.undo_dir = undo_dir
+        #: directories (as path components) a file was renamed into since the last flush
+        self.unflushed: set[tuple[str, ...]] = set()
+
+    def flush(self) -> None:
+        """Put the names of every file placed so far on disk: each directory fsynced once."""
+        dirs, self.unflushed = self.unflushed, set()
+        for parts in sorted(dirs):
+            try:
+                fd = open_parent(self.fd, [*parts, "."], False)
+            except (OSError, ValueError):
+                continue  # gone since (a later op pruned it): nothing of it to keep
+            try:
+                fsync_dir(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         if self.fd >= 0:
+            self.flush()
             os.close(self.fd)
             self.fd = -1
 
@@ -110,6 +135,7 @@ class HostTree:
             self._keep(pfd, op.path, name)
             crash_point("kept")
         self._place(pfd, name, Path(op.staged), op)
+        self.unflushed.add(tuple(parts[:-1]))
         crash_point("placed")
         return OpResult(op, "done")
 
@@ -122,8 +148,6 @@ class HostTree:
             if exc.errno != errno.EXDEV:
                 raise
             self._copy_in(pfd, name, staged, op)
-        with contextlib.suppress(OSError):
-            os.fsync(pfd)
 
     def _copy_in(self, pfd: int, name: str, staged: Path, op: HostOp) -> None:
         temp = f"{TEMP_PREFIX}{os.getpid()}.{time.monotonic_ns()}{TEMP_SUFFIX}"

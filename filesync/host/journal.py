@@ -63,6 +63,7 @@ def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
     for op in journal.ops:
         crash_point("before-op")
         results.append(tree.apply(op))
+    tree.flush()  # the new names on disk before the ops count as done
     crash_point("ops-done")
     if journal.undo_dir:
         _write_undo_manifest(Path(journal.undo_dir), results, journal.previous)

@@ -1,8 +1,11 @@
-"""The staging area of a pass: fetched remote files, whole and fsynced, before any apply.
+"""The staging area of a pass: fetched remote files, whole and hashed, fsynced before any
+apply.
 
-A file counts as staged only once every byte was written, fsynced and hashed; one that
-failed (or was found torn later) is dropped and its reason kept, so the plan leaves it out
-and the next run retries it.
+A file counts as staged once every byte was written and hashed; one that failed (or was
+found torn later) is dropped and its reason kept, so the plan leaves it out and the next
+run retries it. Durability is paid once for all of them (``flush``, before the apply's
+journal names them): each file's writeback starts as soon as it is whole, and the fsyncs
+come together at the end, instead of one full flush per file.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from pathlib import Path
 
 from filesync.endpoint.contract import FetchHeader, FetchSink
 from filesync.host.scan import new_hasher
+from filesync.tree.dirfd import ROOT_FLAGS, fsync_dir, start_writeback
 
 
 @dataclass(slots=True)
 class Staged:
-    """A fetched remote file, whole and fsynced under the staging dir."""
+    """A fetched remote file, whole under the staging dir (fsynced by ``flush``)."""
 
     path: Path
     hash: str
@@ -39,6 +43,8 @@ class StagingSink(FetchSink):
         self._hasher = new_hasher()
         self._file = Path()
         self.progress: Callable[[int], None] | None = None
+        #: staged since the last ``flush``: not yet known to be on disk
+        self._unflushed: list[str] = []
 
     def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
         if self._n == 0:
@@ -60,7 +66,7 @@ class StagingSink(FetchSink):
 
     def end(self, head: FetchHeader, ok: bool, reason: str) -> None:
         if ok:
-            os.fsync(self._fd)
+            start_writeback(self._fd)
         os.close(self._fd)
         if not ok:
             os.unlink(self._file)
@@ -69,6 +75,27 @@ class StagingSink(FetchSink):
         digest = str(self._hasher.hexdigest())
         self.staged[head.path] = Staged(self._file, digest, head.size, head.mode & 0o777,
                                         head.mtime_ns)
+        self._unflushed.append(head.path)
+
+    def flush(self) -> None:
+        """Put every file staged so far on disk (data, then the staging dir's names):
+        called before anything renames a staged file into place."""
+        paths, self._unflushed = self._unflushed, []
+        for path in paths:
+            staged = self.staged.get(path)
+            if staged is None:
+                continue  # dropped since (a torn read found later)
+            fd = os.open(staged.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if paths:
+            fd = os.open(self.dir, ROOT_FLAGS)
+            try:
+                fsync_dir(fd)
+            finally:
+                os.close(fd)
 
     def failed(self, path: str, reason: str) -> None:
         """``path`` is not whole; a copy staged before (a torn read found later) is dropped."""

@@ -295,6 +295,7 @@ def _apply_host(
     state = inputs.state
     if inputs.opts.host_scans is not None:
         inputs.opts.host_scans.changed(inputs.local_root)
+    inputs.sink.flush()  # the staged files on disk before the journal names them
     journal.save(state.journal_path)
     tree = HostTree(inputs.local_root, Path(journal.undo_dir))
     try:

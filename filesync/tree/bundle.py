@@ -10,10 +10,19 @@ remote's working directory (its home: a ``json.py`` there would shadow the stand
 library's) and its ``PYTHON*`` variables out of the helper, ``-S`` its site-packages.
 The host imports the very same modules from its installed package, so both sides run one
 body of code.
+
+The remote keeps that code compiled, as an agent installed once per version: the first run
+writes every module's code object to ``~/.cache/filesync/helper-<digest>-<cache tag>.bin``
+(``digest``: of the sources; the cache tag names the remote's Python), and later runs load
+it instead of compiling ~80 KB of source. The file is used only if it is whole (its own
+SHA-256 in its header), owned by the user and writable by nobody else (it and its
+directory), and holds exactly this bundle's modules; anything else -- missing, corrupt, an
+unwritable home -- compiles from the sources sent on stdin as before, which always come.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import zlib
 from functools import cache
@@ -28,8 +37,76 @@ MIN_PYTHON = (3, 10)
 
 _LOADER = '''
 import importlib.util, sys
+def _cache_path():
+    import os
+    home = os.path.expanduser("~")
+    if not home.startswith("/"):
+        return None
+    tag = sys.implementation.cache_tag or "nocache"
+    return os.path.join(home, ".cache", "filesync", "helper-" + _DIGEST + "-" + tag + ".bin")
+def _private(st):
+    import os
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+def _cached():
+    """Module name -> code, from this user's cache if it is whole, private and this
+    version's (checked by its own digest), else {}: the sources are compiled instead."""
+    import hashlib, marshal, os
+    path = _cache_path()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, TypeError):
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not (_private(os.fstat(f.fileno())) and _private(os.stat(os.path.dirname(path)))):
+                return {}
+            data = f.read()
+        head, body = data[:68], data[68:]
+        if head != b"FSH1" + hashlib.sha256(body).hexdigest().encode():
+            return {}
+        codes = marshal.loads(body)
+        if not isinstance(codes, dict) or set(codes) != set(_SOURCES):
+            return {}
+        return codes
+    except Exception:
+        return {}
+def _store():
+    """Write every module's code for the next run: temp file, then rename, so a reader
+    sees a whole file or none. Best effort: an unwritable home keeps compiling."""
+    import hashlib, marshal, os
+    path = _cache_path()
+    if path is None:
+        return
+    tmp = path + ".%d.tmp" % os.getpid()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        body = marshal.dumps({n: _CODES.get(n) or _compile(n) for n in _SOURCES})
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"FSH1" + hashlib.sha256(body).hexdigest().encode() + body)
+        os.replace(tmp, path)
+        _prune(os.path.dirname(path))
+    except Exception:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+def _prune(folder):
+    """Keep the newest few helpers (other clients' versions), drop older ones."""
+    import os
+    names = [n for n in os.listdir(folder) if n.startswith("helper-") and n.endswith(".bin")]
+    names.sort(key=lambda n: os.stat(os.path.join(folder, n)).st_mtime, reverse=True)
+    for name in names[8:]:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+def _compile(name):
+    return compile(_SOURCES.get(name, ""), "<filesync>/" + name.replace(".", "/") + ".py",
+                   "exec")
 class _Bundle:
-    """Imports filesync.tree.* from the sources below, never from the remote's disk."""
+    """Imports filesync.tree.* from the code below (or its cached compiled form), never
+    from the remote's disk."""
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name in _PACKAGES or name in _SOURCES:
@@ -41,13 +118,18 @@ class _Bundle:
     @staticmethod
     def exec_module(module):
         name = module.__name__
-        code = compile(_SOURCES.get(name, ""), "<filesync>/" + name.replace(".", "/") + ".py",
-                       "exec")
+        code = _CODES.get(name)
+        if code is None:
+            code = _CODES[name] = _compile(name)
         exec(code, module.__dict__)
 for _name in [n for n in sys.modules if n == "filesync" or n.startswith("filesync.")]:
     del sys.modules[_name]
+_CODES = _cached()
+_HIT = bool(_CODES)
 sys.meta_path.insert(0, _Bundle)
 from filesync.tree.server import main
+if not _HIT:
+    _store()
 main()
 '''
 
@@ -65,10 +147,16 @@ def sources() -> dict[str, str]:
 
 
 @cache
+def digest() -> str:
+    """What names this body of code in the remote's cache: every source, hashed."""
+    return hashlib.sha256(repr(sorted(sources().items())).encode("utf-8")).hexdigest()[:32]
+
+
+@cache
 def payload() -> bytes:
     """The bundle as it is sent over stdin: the loader with every source, compressed."""
     script = (f"_PACKAGES = {{'filesync', 'filesync.tree'}}\n_SOURCES = {sources()!r}\n"
-              + _LOADER)
+              f"_DIGEST = {digest()!r}\n" + _LOADER)
     return zlib.compress(script.encode("utf-8"), 9)
 
 

@@ -4,6 +4,12 @@ Every path is opened component by component with ``O_NOFOLLOW`` relative to the 
 descriptor; a replaced file is written to a temp name in its directory, fsynced and
 renamed, and only if the target still has the size and mtime the client saw, checked
 right before the rename. Existing directories are never chmodded.
+
+Durability is paid per batch, not per file (``Batch``): the files of a batch are written
+(each one's writeback started as soon as it is whole), then each is fsynced, then each is
+renamed, then each directory that received one is fsynced once. So after a crash every
+file holds its old or its new content, and a file is reported written only once its data
+and its name are on disk.
 """
 
 from __future__ import annotations
@@ -181,18 +187,37 @@ class TempFile:
             self.error = reason_of(exc)
             self.abort()
 
-    def commit(self, mode: int, mtime_ns: int, expect: list[int] | None) -> list[Any]:
-        """The result row: ``[rel, "ok", size, mtime_ns]`` or ``[rel, status, code, detail]``."""
+    def prepare(self, mode: int, mtime_ns: int) -> list[Any] | None:
+        """Give the whole temp file its mode and mtime and start its writeback; the error
+        row if that (or anything before) failed, else None (``commit`` comes later)."""
         if self.error:
             self.abort()
             return [self.rel, "error", *self.error]
         try:
             os.fchmod(self.fd, mode & 0o7777)
-            # Durability before the rename, so that a power loss on the remote never
-            # leaves a replaced file empty or torn. Free on tmpfs (3k-file send: 78 vs
-            # 77 ms), the main cost on a disk (ext4 on virtio: 643 vs 110 ms); kept.
-            os.fsync(self.fd)
             os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+        except OSError as exc:
+            self.abort()
+            return [self.rel, "error", *reason_of(exc)]
+        start_writeback(self.fd)
+        return None
+
+    def sync(self) -> list[Any] | None:
+        """Flush the data (before any rename: a power loss never leaves a replaced file
+        empty or torn; the writeback ``prepare`` started makes this cheap); the error row,
+        or None."""
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:
+            self.abort()
+            return [self.rel, "error", *reason_of(exc)]
+        return None
+
+    def place(self, expect: list[int] | None) -> list[Any]:
+        """Rename over the target if it is unchanged: the result row,
+        ``[rel, "ok", size, mtime_ns]`` or ``[rel, status, code, detail]``. The directory
+        is flushed by the caller (once for all the files a batch put in it)."""
+        try:
             # What the file system stored (it may keep coarser times than asked for).
             st = os.fstat(self.fd)
             if not unchanged(stat_at(self.pfd, self.parts[-1]), expect):
@@ -215,6 +240,88 @@ class TempFile:
         if self.fd >= 0:
             os.close(self.fd)
         self.fd = self.pfd = -1
+
+
+def start_writeback(fd: int) -> None:
+    """Have the kernel start writing ``fd``'s dirty pages now, without waiting: the fsyncs
+    of a batch, issued after all of its writes, then find the data on its way and share
+    the journal commits (ext4: 3k files in 12 s instead of 31-47 s one fsync at a time on
+    a busy disk). Best effort: without ``posix_fadvise`` the fsync does it all."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def fsync_dir(fd: int) -> None:
+    """Flush a directory's entries (some file systems refuse fsync on a directory)."""
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
+
+
+class Batch:
+    """Uploaded files of one request, committed together (see the module docstring).
+
+    ``add`` takes a written ``TempFile``; every ``LIMIT`` files (bounding the descriptors
+    held open) and at ``finish`` the pending ones are all fsynced, then renamed (each only
+    if its target is unchanged, checked right before), then their directories are fsynced
+    once each. ``finish`` returns every file's row in ``add`` order.
+    """
+
+    LIMIT = 128
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.pending: list[tuple[int, TempFile, list[int] | None]] = []
+        #: a descriptor of its own per directory of the pending files (the ``Dirs``
+        #: cache closes its own as the request moves on)
+        self.dirs: dict[tuple[int, int], int] = {}
+
+    def put(self, row: list[Any]) -> None:
+        """A file's row that needs no commit (refused, or aborted by the client)."""
+        self.rows.append(row)
+
+    def add(self, sink: TempFile, mode: int, mtime_ns: int, expect: list[int] | None) -> None:
+        row = sink.prepare(mode, mtime_ns)
+        if row is not None:
+            self.rows.append(row)
+            return
+        try:
+            # By identity, not name: a directory replaced since an earlier file of the
+            # batch is another directory, and the temp file is in the one it was made in.
+            st = os.fstat(sink.pfd)
+            key = (st.st_dev, st.st_ino)
+            if key not in self.dirs:
+                self.dirs[key] = os.dup(sink.pfd)
+        except OSError as exc:
+            sink.abort()
+            self.rows.append([sink.rel, "error", *reason_of(exc)])
+            return
+        sink.pfd = self.dirs[key]
+        self.rows.append([])
+        self.pending.append((len(self.rows) - 1, sink, expect))
+        if len(self.pending) >= self.LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the pending files: data, then names, then directories."""
+        pending, self.pending = self.pending, []
+        synced = []
+        for index, sink, expect in pending:
+            row = sink.sync()
+            if row is None:
+                synced.append((index, sink, expect))
+            else:
+                self.rows[index] = row
+        for index, sink, expect in synced:
+            self.rows[index] = sink.place(expect)
+        dirs, self.dirs = self.dirs, {}
+        for fd in dirs.values():
+            fsync_dir(fd)
+            os.close(fd)
+
+    def finish(self) -> list[list[Any]]:
+        self.flush()
+        rows, self.rows = self.rows, []
+        return rows
 
 
 def delete_file(rfd: int, rel: str, expect: list[int]) -> list[Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from filesync.tree.bounded import Bounded
-from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Dirs, TempFile, delete_file
+from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Batch, Dirs, TempFile, delete_file
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
 from filesync.tree.walk import walk
@@ -237,6 +237,8 @@ class Server:
             # Keep consuming the stream so that the protocol stays in step.
             rfd, error = -1, reason_of(exc)
         dirs = Dirs(rfd)
+        # Committed together (``Batch``): the rows are sent once every file is durable.
+        batch = Batch()
         try:
             for _ in range(req["count"]):
                 frame = self.chan.read_frame()
@@ -245,25 +247,27 @@ class Server:
                 kind, payload = frame
                 if kind == b"F":
                     head, data = split_whole(payload)
-                    results.append(self._receive_whole(dirs, head, data, error))
+                    self._receive_whole(batch, dirs, head, data, error)
                 else:
-                    results.append(self._receive_one(dirs, json_object(kind, payload), error))
+                    self._receive_one(batch, dirs, json_object(kind, payload), error)
         finally:
+            # what arrived whole is committed even if the stream broke, as one at a time
+            results = batch.finish()
             dirs.close()
             if rfd >= 0:
                 os.close(rfd)
         self.chan.send_json({"results": results}, b"Z")
 
-    def _receive_whole(self, dirs: Dirs, head: dict[str, Any], data: memoryview,
-                       error: tuple[Reason, str] | None) -> list[Any]:
+    def _receive_whole(self, batch: Batch, dirs: Dirs, head: dict[str, Any], data: memoryview,
+                       error: tuple[Reason, str] | None) -> None:
         """One ``F`` frame: the file's header and all of its bytes."""
         rel, mode, mtime_ns, expect = _file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         sink.write(data)
-        return sink.commit(mode, mtime_ns, expect)
+        batch.add(sink, mode, mtime_ns, expect)
 
-    def _receive_one(self, dirs: Dirs, head: dict[str, Any],
-                     error: tuple[Reason, str] | None) -> list[Any]:
+    def _receive_one(self, batch: Batch, dirs: Dirs, head: dict[str, Any],
+                     error: tuple[Reason, str] | None) -> None:
         rel, mode, mtime_ns, expect = _file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         read_frame = self.chan.read_frame
@@ -277,7 +281,8 @@ class Server:
                 sink.write(payload)
                 continue
             if kind == b"E" and payload in END_OK:
-                return sink.commit(mode, mtime_ns, expect)
+                batch.add(sink, mode, mtime_ns, expect)
+                return
             try:
                 end = json.loads(payload) if kind == b"E" else None
             except (ValueError, RecursionError):
@@ -287,8 +292,11 @@ class Server:
                 raise BadRequest("expected a D or E frame inside a file")
             if not end.get("ok"):
                 sink.abort()
-                return [rel, "error", Reason.OS_ERROR, str(end.get("error", "aborted by client"))]
-            return sink.commit(mode, mtime_ns, expect)
+                batch.put([rel, "error", Reason.OS_ERROR,
+                           str(end.get("error", "aborted by client"))])
+                return
+            batch.add(sink, mode, mtime_ns, expect)
+            return
 
     def _temp_name(self) -> str:
         self.counter += 1

@@ -205,6 +205,14 @@ def served() -> Iterator[Helper]:
     h.finish()
 
 
+@pytest.fixture
+def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each uploaded file committed as it arrives (a batch of one), so that a test can act
+    between one file's rename and the next file's write, which the directory descriptors
+    a request keeps must survive; batches of more only widen the gap."""
+    monkeypatch.setattr(dirfd.Batch, "LIMIT", 1)
+
+
 def wait_for(path: Path) -> None:
     deadline = time.monotonic() + 60  # generous: a loaded machine is slow, never wrong
     while not path.exists():
@@ -225,7 +233,7 @@ def test_send_in_any_order_across_directories(served: Helper, tmp_path: Path) ->
 
 
 def test_a_symlink_swapped_in_between_files_is_never_followed(
-    served: Helper, tmp_path: Path
+    served: Helper, tmp_path: Path, one_at_a_time: None
 ) -> None:
     root, outside = tmp_path / "r", tmp_path / "outside"
     outside.mkdir()
@@ -256,7 +264,7 @@ def test_a_symlink_swapped_in_between_files_is_never_followed(
 
 
 def test_a_directory_removed_between_files_is_created_again(
-    served: Helper, tmp_path: Path
+    served: Helper, tmp_path: Path, one_at_a_time: None
 ) -> None:
     root = tmp_path / "r"
     served.write(jframe({"op": "send", "root": str(root), "count": 2}))
@@ -272,7 +280,7 @@ def test_a_directory_removed_between_files_is_created_again(
 
 
 def test_the_target_is_rechecked_right_before_each_rename(
-    served: Helper, tmp_path: Path
+    served: Helper, tmp_path: Path, one_at_a_time: None
 ) -> None:
     root = tmp_path / "r"
     write(root / "d" / "x", "old")
