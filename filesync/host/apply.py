@@ -23,7 +23,14 @@ from pathlib import Path
 
 from filesync.host.faults import crash_point
 from filesync.host.scan import hash_fd
-from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, delete_file, open_parent, unchanged
+from filesync.tree.dirfd import (
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    delete_file,
+    make_way,
+    open_parent,
+    unchanged,
+)
 from filesync.tree.paths import split_rel
 from filesync.tree.wire import Reason, describe, parse_reason, reason_of
 
@@ -104,7 +111,12 @@ class HostTree:
         if not unchanged(st, op.expect):
             if st is not None and _holds(pfd, name, op.hash):
                 return OpResult(op, "done")  # replayed after a crash: already in place
-            return OpResult(op, "changed", "changed on the host during the run")
+            blocked = make_way(pfd, name, st, op.expect)
+            if blocked is Reason.DIR_IN_WAY:
+                return OpResult(op, "error", describe(blocked), blocked)
+            if blocked is not None:
+                return OpResult(op, "changed", "changed on the host during the run")
+            st = None  # an empty directory was in the way: removed
         assert op.staged is not None
         if st is not None:
             self._keep(pfd, op.path, name)
