@@ -29,6 +29,8 @@ import pytest
 from sshd import SshdContainer
 from synctree import Pair, snapshot, write
 
+from filesync.endpoint.helper import HelperEndpoint, NoPython
+from filesync.transport.base import Conduit
 from filesync.tree.wire import Reason, describe
 
 HOST_FILE, HOST_DIR = "host-file", "host-dir"
@@ -54,10 +56,18 @@ class SshPair(Pair):
 MakePair = Callable[[Path], Pair]
 
 
-@pytest.fixture(params=["local", "sshd"])
-def make_pair(request: pytest.FixtureRequest) -> Iterator[MakePair]:
-    """Pairs over the local transport, or over the session's real sshd."""
-    if request.param == "local":
+@pytest.fixture(params=["local", "posix", "sshd"])
+def make_pair(request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[MakePair]:
+    """Pairs over the local transport (with the python helper, or the POSIX fallback as
+    for a remote without python3), or over the session's real sshd."""
+    if request.param == "posix":
+        async def no_python(cls: type[HelperEndpoint], conduit: Conduit,
+                            **_kwargs: object) -> HelperEndpoint:
+            raise NoPython("forced by the test")
+
+        monkeypatch.setattr(HelperEndpoint, "start", classmethod(no_python))
+    if request.param != "sshd":
         yield lambda tmp: Pair(tmp / "local", tmp / "remote", tmp / "state")
         return
     sshd: SshdContainer = request.getfixturevalue("sshd")
@@ -232,6 +242,11 @@ def test_a_directory_of_excluded_content_is_never_replaced(
             HOST_BYTES if shape == HOST_FILE else REMOTE_BYTES)
     assert saved_runs(pair) == []
     assert "changed on the remote" not in str(report)
+    if blocked is not None:  # moved aside, the directory lets the file through
+        (dir_side / "p").rename(dir_side / "p.aside")
+        report = pair.ok(command)
+        assert (report["skipped"], report["conflicts"]) == ([], [])
+        assert (pair.local / "p").read_bytes() == (pair.remote / "p").read_bytes()
 
 
 # ------------------------------------------------------------------- the issue's reports
