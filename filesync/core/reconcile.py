@@ -188,11 +188,11 @@ def _clash_roots(
     A side's paths are all of one real tree, so a clash needs a path the plan adds to a
     side from the other one: only those are looked up (nothing, when nothing is added or
     the side held nothing), never every path against every other."""
+    if not local or not remote:
+        return []  # a clash takes a file on one side and a file under it on the other
     roots: set[str] = set()
     for side, to_side, off_side in ((local, _TO_LOCAL, _OFF_LOCAL),
                                     (remote, _TO_REMOTE, _OFF_REMOTE)):
-        if not side:
-            continue
         added = [a.path for a in plan if a.kind in to_side or a.then in to_side]
         if not added:
             continue
