@@ -25,7 +25,7 @@ from filesync.cli.config import load_config
 from filesync.cli.jsonout import document, pair_json
 from filesync.cli.settings import Request
 from filesync.core.exclude import ExcludeRule
-from filesync.core.reconcile import Action, Direction, Kind
+from filesync.core.reconcile import Action, Direction, Kind, settle
 from filesync.endpoint.connect import drop_session, session_for
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.host.shared_scan import HostScans
@@ -377,7 +377,7 @@ def _resolve_filter(req: Request) -> Any:
             raise FilesyncError(
                 f"{path!r} is not in conflict; run 'filesync status LOCAL REMOTE' to list conflicts"
             )
-        return [Action(path, Kind.UPLOAD if keep == "local" else Kind.DOWNLOAD)]
+        return settle(match[0], keep_local=keep == "local")
 
     return only
 

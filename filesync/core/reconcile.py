@@ -13,12 +13,22 @@ The direction decides what may move and who wins a conflict:
 - ``pull`` moves remote -> host only; the host wins conflicts (the remote version is
   saved);
 - ``sync`` moves both ways and leaves conflicts in place on both sides.
+
+Type conflicts. Directories are not tracked: a side holds a directory at ``p`` when it
+holds files under ``p/``. When the per-path plan would leave a file at ``p`` on a side
+that also keeps files under ``p/`` (a file on one side against a directory on the other,
+both changed since the ancestor, or never synced), the whole name is one conflict: every
+step at or under ``p`` is replaced by one ``CONFLICT`` on ``p`` carrying its ``Clash``
+(each side's files there). ``sync`` and ``pull`` keep both sides; ``push`` saves the
+remote side, then makes it the host's (member steps name ``p`` in ``of``). ``settle``
+gives the steps of ``resolve --keep local|remote`` for any conflict.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -52,12 +62,35 @@ class Version:
 
 
 @dataclass(frozen=True, slots=True)
+class Clash:
+    """A type conflict at an action's path: a file on one side, a directory on the other.
+
+    ``local``/``remote``: each side's files at or under the path, sorted (the file side
+    holds the path itself); ``local_hash``/``remote_hash``: a digest of each side's
+    versions there (a lone file's own hash), so that a saved copy is known to be current.
+    """
+
+    local: tuple[str, ...]
+    remote: tuple[str, ...]
+    local_hash: str
+    remote_hash: str
+    #: the remote holds the directory, the host the file (else the other way round)
+    remote_dir: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Action:
-    """One step of a plan. ``then`` is what a conflict does after saving the loser."""
+    """One step of a plan. ``then`` is what a conflict does after saving the loser.
+
+    ``clash``: set on a type conflict's ``CONFLICT``; ``of``: on the steps that carry it
+    out (a push's, a resolve's), the path of that conflict: they happen only if its
+    losing side was saved."""
 
     path: str
     kind: Kind
     then: Kind | None = None
+    clash: Clash | None = None
+    of: str | None = None
 
 
 def _same(a: Version | None, b: Version | None) -> bool:
@@ -141,4 +174,118 @@ def reconcile(
         action = decide(ancestor.get(path), local.get(path), remote.get(path), direction)
         if action is not None:
             plan.append(Action(path, action.kind, action.then))
-    return plan
+    roots = _clash_roots(local, remote, plan)
+    return _with_clashes(plan, roots, local, remote, direction) if roots else plan
+
+
+_TO_LOCAL, _OFF_LOCAL = frozenset({Kind.DOWNLOAD}), frozenset({Kind.DELETE_LOCAL})
+_TO_REMOTE, _OFF_REMOTE = frozenset({Kind.UPLOAD}), frozenset({Kind.DELETE_REMOTE})
+
+
+def _clash_roots(
+    local: Mapping[str, Version], remote: Mapping[str, Version], plan: list[Action]
+) -> list[str]:
+    """The names where ``plan`` would leave a file on a side that keeps files under it.
+
+    A side's paths are all of one real tree, so a clash needs a path the plan adds to a
+    side from the other one: only those are looked up (nothing, when nothing is added or
+    the side held nothing), never every path against every other."""
+    if not local or not remote:
+        return []  # a clash takes a file on one side and a file under it on the other
+    roots: set[str] = set()
+    for side, to_side, off_side in ((local, _TO_LOCAL, _OFF_LOCAL),
+                                    (remote, _TO_REMOTE, _OFF_REMOTE)):
+        added = [a.path for a in plan if a.kind in to_side or a.then in to_side]
+        if not added:
+            continue
+        kept = side.keys() - {a.path for a in plan if a.kind in off_side or a.then in off_side}
+        dirs = dirs_of(kept)
+        for path in added:
+            if path in dirs:
+                roots.add(path)  # a file put where the side keeps a directory
+            parent = path.rpartition("/")[0]
+            while parent:
+                if parent in kept:
+                    roots.add(parent)  # a file of the side where a directory goes
+                parent = parent.rpartition("/")[0]
+    # The outermost name of nested clashes stands for them all.
+    return [r for r in sorted(roots) if not any(
+        r.startswith(o + "/") for o in roots if len(o) < len(r))]
+
+
+def dirs_of(paths: Iterable[str]) -> set[str]:
+    """Every directory that ``paths`` (files) imply, each found once."""
+    dirs: set[str] = set()
+    for path in paths:
+        parent = path.rpartition("/")[0]
+        while parent and parent not in dirs:
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
+    return dirs
+
+
+def _under(keys: Iterable[str], root: str) -> tuple[str, ...]:
+    prefix = root + "/"
+    return tuple(sorted(k for k in keys if k == root or k.startswith(prefix)))
+
+
+def side_digest(side: Mapping[str, Version], paths: tuple[str, ...], root: str) -> str:
+    """One side's versions at or under ``root``: a lone file's hash, else a digest of the
+    relative names, hashes and permission bits."""
+    if paths == (root,):
+        return side[root].hash
+    h = hashlib.blake2b(digest_size=16)
+    for p in paths:
+        h.update(f"{p[len(root):]}\0{side[p].hash}\0{side[p].mode:o}\n".encode())
+    return "dir:" + h.hexdigest()
+
+
+def _with_clashes(
+    plan: list[Action], roots: list[str], local: Mapping[str, Version],
+    remote: Mapping[str, Version], direction: Direction,
+) -> list[Action]:
+    """``plan`` with every step at or under a clash's root replaced by its conflict (the
+    ancestor rows of names gone from both sides are still dropped)."""
+    out = [a for a in plan if a.kind is Kind.FORGET or _root_of(a.path, roots) is None]
+    for root in roots:
+        lsub, rsub = _under(local, root), _under(remote, root)
+        clash = Clash(lsub, rsub, side_digest(local, lsub, root),
+                      side_digest(remote, rsub, root), remote_dir=lsub == (root,))
+        if direction is Direction.PUSH:
+            out += settle(Action(root, Kind.CONFLICT, clash=clash), keep_local=True)
+        else:
+            out.append(Action(root, Kind.CONFLICT, clash=clash))
+    out.sort(key=_by_path)
+    return out
+
+
+def _root_of(path: str, roots: list[str]) -> str | None:
+    for root in roots:
+        if path == root or path.startswith(root + "/"):
+            return root
+    return None
+
+
+def _by_path(action: Action) -> str:
+    return action.path
+
+
+def settle(conflict: Action, keep_local: bool) -> list[Action]:
+    """The steps that settle ``conflict`` (a ``CONFLICT``) with one side's version.
+
+    A file conflict: the kept side's file is copied over. A type conflict: the kept
+    side's file or directory replaces the other one; what the remote loses is saved
+    first (the returned ``CONFLICT`` goes on with its ``then``), what the host loses is
+    kept in ``undo/`` by its deletes, and every other step names the conflict in ``of``.
+    """
+    path, clash = conflict.path, conflict.clash
+    if clash is None:
+        return [Action(path, Kind.UPLOAD if keep_local else Kind.DOWNLOAD)]
+    if keep_local:
+        if clash.remote_dir:
+            return [Action(path, Kind.CONFLICT, Kind.UPLOAD, clash),
+                    *(Action(p, Kind.DELETE_REMOTE, of=path) for p in clash.remote)]
+        return [Action(path, Kind.CONFLICT, Kind.DELETE_REMOTE, clash),
+                *(Action(p, Kind.UPLOAD, of=path) for p in clash.local)]
+    return [*(Action(p, Kind.DELETE_LOCAL, of=path) for p in clash.local),
+            *(Action(p, Kind.DOWNLOAD, of=path) for p in clash.remote)]

@@ -30,6 +30,7 @@ from filesync.tree.dirfd import (
     TEMP_SUFFIX,
     delete_file,
     fsync_dir,
+    make_way,
     open_parent,
     unchanged,
 )
@@ -129,7 +130,12 @@ class HostTree:
         if not unchanged(st, op.expect):
             if st is not None and _holds(pfd, name, op.hash):
                 return OpResult(op, "done")  # replayed after a crash: already in place
-            return OpResult(op, "changed", "changed on the host during the run")
+            blocked = make_way(pfd, name, st, op.expect)
+            if blocked is Reason.DIR_IN_WAY:
+                return OpResult(op, "error", describe(blocked), blocked)
+            if blocked is not None:
+                return OpResult(op, "changed", "changed on the host during the run")
+            st = None  # an empty directory was in the way: removed
         assert op.staged is not None
         if st is not None:
             self._keep(pfd, op.path, name)

@@ -25,7 +25,7 @@ from typing import Any
 from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing, Skipped
-from filesync.core.reconcile import Direction, Kind, Version, reconcile
+from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.journal import recover
 from filesync.host.scan import (
@@ -241,6 +241,21 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
         else ((rel, rfiles[rel]) for rel in filterfalse(same.__contains__, rfiles))
     )
     local_entries = scans.local.listing.entries
+    host_dirs: set[str] | None = None
+
+    def in_the_way(rel: str) -> bool:
+        """A remote file where the host has a directory, or under a host file: it is
+        part of a type conflict, which a push saves before it replaces it."""
+        nonlocal host_dirs
+        parent = rel.rpartition("/")[0]
+        while parent:
+            if parent in local_entries:
+                return True
+            parent = parent.rpartition("/")[0]
+        if host_dirs is None:  # only built when a push meets a remote-only file
+            host_dirs = dirs_of(local_entries)
+        return rel in host_dirs
+
     for rel, e in rest:
         mode = e.mode & 0o777
         a = anc.get(rel)
@@ -254,7 +269,8 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
             if opts.warn is not None:
                 opts.warn(f"{rel} left out: {e.size} bytes is more than --max-file-size "
                           f"{opts.max_file_size}; raise --max-file-size to fetch it")
-        elif opts.direction is Direction.PUSH and a is None and rel not in local_entries:
+        elif opts.direction is Direction.PUSH and a is None and rel not in local_entries \
+                and not in_the_way(rel):
             continue  # remote-only and never pushed: push leaves it alone
         else:
             fetch.append(e)

@@ -83,32 +83,52 @@ def _by_path(change: Change) -> str:
 async def _ensure_staged(
     inputs: PassInputs, planned: Planned, out: Transitioned
 ) -> list[Action]:
-    """Fetch what downloads and conflict copies need but the scan did not read."""
+    """Fetch what downloads and conflict copies need but the scan did not read. A path
+    whose remote version changed since the listing is dropped ("changed on the remote
+    during the run"), and with a type conflict every step that carries it out."""
     sink, rv = inputs.sink, planned.remote_versions
     prior = inputs.state.conflicts()
-    need = []
+    need: list[str] = []
     for a in planned.actions:
-        if a.path in sink.staged:
-            continue
-        saved = _prior_copy(prior.get(a.path), rv.get(a.path))
-        if a.kind is Kind.DOWNLOAD or (a.kind is Kind.CONFLICT and not saved):
+        if a.kind is Kind.DOWNLOAD:
             need.append(a.path)
+        elif a.kind is Kind.CONFLICT and not _prior_copy(prior.get(a.path), remote_hash(a, rv)):
+            need += _saved_paths(a)
+    need = [p for p in need if p not in sink.staged]
     if need:
         await inputs.session.fetch(inputs.remote_root, need, sink)
+    asked = set(need)
+    changed = {p for p in asked
+               if (staged := sink.staged.get(p)) is None or staged.hash != rv[p].hash}
+    dropped = set()
     kept = []
     for a in planned.actions:
-        staged = sink.staged.get(a.path)
-        if a.path in need and (staged is None or staged.hash != rv[a.path].hash):
+        if a.kind in (Kind.DOWNLOAD, Kind.CONFLICT) and not changed.isdisjoint(
+                _saved_paths(a) if a.kind is Kind.CONFLICT else (a.path,)):
             out.skipped.append(Skipped(a.path, "changed on the remote during the run; "
                                                "retried next run"))
+            dropped.add(a.path)
             continue
         kept.append(a)
-    return kept
+    return [a for a in kept if a.of is None or a.of not in dropped]
 
 
-def _prior_copy(record: ConflictRecord | None, remote: Version | None) -> bool:
+def _saved_paths(conflict: Action) -> tuple[str, ...]:
+    """The remote files a conflict's saved copy holds: the file, or the directory's."""
+    return conflict.clash.remote if conflict.clash is not None else (conflict.path,)
+
+
+def remote_hash(conflict: Action, rv: Mapping[str, Version]) -> str | None:
+    """The remote side of a conflict as its record keeps it."""
+    if conflict.clash is not None:
+        return conflict.clash.remote_hash
+    version = rv.get(conflict.path)
+    return version.hash if version is not None else None
+
+
+def _prior_copy(record: ConflictRecord | None, remote: str | None) -> bool:
     return bool(
-        record and remote and record.remote_hash == remote.hash and record.saved_to
+        record and remote and record.remote_hash == remote and record.saved_to
         and os.path.exists(record.saved_to)
     )
 
@@ -116,22 +136,29 @@ def _prior_copy(record: ConflictRecord | None, remote: Version | None) -> bool:
 def _save_conflicts(
     inputs: PassInputs, planned: Planned, plan: list[Action], out: Transitioned
 ) -> list[ConflictRecord]:
-    """Keep the remote version of every conflict under the state dir."""
+    """Keep the remote version of every conflict under the state dir (a type conflict's
+    directory whole), unless the copy an earlier run saved holds it still."""
     prior = inputs.state.conflicts()
     records = []
     for a in plan:
         if a.kind is not Kind.CONFLICT:
             continue
-        rv = planned.remote_versions[a.path]
+        rhash = remote_hash(a, planned.remote_versions)
         record = prior.get(a.path)
         copied = 0
-        if record is not None and _prior_copy(record, rv):
+        if record is not None and _prior_copy(record, rhash):
             saved = str(record.saved_to)
         else:
-            saved = str(save_copy(inputs, a.path))
-            copied = inputs.sink.staged[a.path].size
-        lv = planned.local_versions.get(a.path)
-        records.append(ConflictRecord(a.path, lv.hash if lv else None, rv.hash, saved))
+            for rel in _saved_paths(a):
+                save_copy(inputs, rel)
+                copied += inputs.sink.staged[rel].size
+            saved = str((inputs.state.conflicts_dir / inputs.run_id / a.path).resolve())
+        if a.clash is not None:
+            lhash: str | None = a.clash.local_hash
+        else:
+            lv = planned.local_versions.get(a.path)
+            lhash = lv.hash if lv else None
+        records.append(ConflictRecord(a.path, lhash, rhash, saved))
         out.conflicts.append({"path": a.path, "saved_to": saved})
         if a.then is None:  # a push conflict goes on: its upload or delete is the change
             out.changes.append(Change(a.path, ChangeAction.CONFLICT, copied))
@@ -355,10 +382,13 @@ def _update_conflict_table(
     inputs: PassInputs, planned: Planned, records: list[ConflictRecord], plan: list[Action],
     out: Transitioned,
 ) -> None:
-    keep = records if inputs.opts.direction is not Direction.PUSH else []
-    open_paths = {r.path for r in keep}
+    """Conflicts left in place stay open; one whose losing side was replaced (a push's,
+    a resolve's) is settled, unless a step of it was skipped."""
+    open_paths = {a.path for a in plan if a.kind is Kind.CONFLICT and a.then is None}
+    keep = [r for r in records if r.path in open_paths]
     skipped = {s.path for s in planned.skipped} | {s.path for s in out.skipped}
-    resolved = {a.path for a in plan if a.kind is not Kind.CONFLICT}
+    halted = {a.of for a in plan if a.of is not None and a.path in skipped}
+    resolved = {a.path for a in plan if a.path not in open_paths} - skipped - halted
     cleared = [
         c for c in inputs.state.conflicts()
         if c not in open_paths

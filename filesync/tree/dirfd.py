@@ -80,6 +80,31 @@ def unchanged(st: os.stat_result | None, expect: list[int] | None) -> bool:
     return st.st_size == expect[0] and st.st_mtime_ns == expect[1]
 
 
+def make_way(dir_fd: int, name: str, st: os.stat_result | None,
+             expect: list[int] | None) -> Reason | None:
+    """Whether a file may now be put at ``name`` (``st``: its stat, ``expect``: as listed).
+
+    ``None``: it may. Directories are not tracked, so an **empty** directory where no file
+    was listed is nothing to keep: it is removed, as rsync removes one in a file's way
+    (``rmdir`` only ever removes an empty one). ``DIR_IN_WAY``: a directory holding
+    anything stands there; it is left whole. ``CHANGED``: the target is not as listed.
+    The one rule for the remote helper and the host apply.
+    """
+    if unchanged(st, expect):
+        return None
+    if expect is not None or st is None or not stat.S_ISDIR(st.st_mode):
+        return Reason.CHANGED
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return Reason.DIR_IN_WAY
+        raise
+    return None if stat_at(dir_fd, name) is None else Reason.CHANGED
+
+
 
 
 class Dirs:
@@ -220,9 +245,12 @@ class TempFile:
         try:
             # What the file system stored (it may keep coarser times than asked for).
             st = os.fstat(self.fd)
-            if not unchanged(stat_at(self.pfd, self.parts[-1]), expect):
+            blocked = make_way(self.pfd, self.parts[-1], stat_at(self.pfd, self.parts[-1]),
+                               expect)
+            if blocked is not None:
                 self.abort()
-                return [self.rel, "changed", Reason.CHANGED.value, ""]
+                status = "changed" if blocked is Reason.CHANGED else "error"
+                return [self.rel, status, blocked.value, ""]
             os.rename(self.temp, self.parts[-1], src_dir_fd=self.pfd, dst_dir_fd=self.pfd)
         except OSError as exc:
             self.abort()

@@ -65,6 +65,9 @@ class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 befor
       symlink or another directory put in its place; nothing was written);
     - ``symlink``, ``special-file``, ``hard-link``, ``not-regular``: listed, not synced;
     - ``changed``: the target changed on the remote since it was listed;
+    - ``dir-in-the-way``: a file's place is taken by a directory that holds something
+      no listing showed (excluded or skipped content, or files new since the listing):
+      the directory is never removed, so nothing of it is lost;
     - ``torn``: the file changed while it was being read;
     - ``unreadable``: a directory could not be listed (``detail``: the OS error);
     - ``too-large``: left out by a size limit of the run (``--max-file-size``);
@@ -80,6 +83,7 @@ class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 befor
     HARD_LINK = "hard-link"
     NOT_REGULAR = "not-regular"
     CHANGED = "changed"
+    DIR_IN_WAY = "dir-in-the-way"
     TORN = "torn"
     UNREADABLE = "unreadable"
     TOO_LARGE = "too-large"
@@ -88,7 +92,8 @@ class Reason(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 befor
 
 #: Refusals that protect the tree (reported as skipped, not as failures of the run).
 SAFETY = frozenset(
-    {Reason.UNSAFE_PATH, Reason.SYMLINK_IN_PATH, Reason.PARENT_NOT_DIR, Reason.PATH_RACED}
+    {Reason.UNSAFE_PATH, Reason.SYMLINK_IN_PATH, Reason.PARENT_NOT_DIR, Reason.PATH_RACED,
+     Reason.DIR_IN_WAY}
 )
 
 _TEXT = {
@@ -101,6 +106,8 @@ _TEXT = {
     Reason.HARD_LINK: "hard link on the remote (not synced)",
     Reason.NOT_REGULAR: "not a regular file on the remote",
     Reason.CHANGED: "changed on the remote during the run",
+    Reason.DIR_IN_WAY: "a directory holding files that are not synced (excluded or "
+                       "skipped) is in the way; move it aside to let the file through",
     Reason.TORN: "changed while being read",
     Reason.UNREADABLE: "unreadable directory",
     Reason.TOO_LARGE: "larger than --max-file-size",

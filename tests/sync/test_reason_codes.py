@@ -38,15 +38,17 @@ def reworded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def refusing_pair(tmp_path: Path) -> Pair:
-    """A push whose remote has a symlinked directory and a file where a directory goes."""
+    """A push whose remote has a symlinked directory, and a directory holding only
+    excluded content where the host has a file (a file where a host directory goes is a
+    type conflict now, which a push settles: tests/sync/test_type_conflicts.py)."""
     pair = Pair(tmp_path / "host", tmp_path / "remote", tmp_path / "state")
     write(pair.local / "ok.txt", "fine\n")
     write(pair.local / "link" / "x.txt", "would leave the root\n")
-    write(pair.local / "plain" / "y.txt", "parent is a file remotely\n")
+    write(pair.local / "plain", "a directory remotely\n")
     (tmp_path / "outside").mkdir()
     pair.remote.mkdir(parents=True)
     (pair.remote / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
-    write(pair.remote / "plain", "a file\n")
+    write(pair.remote / "plain" / "node_modules" / "m.js", "excluded\n")
     return pair
 
 
@@ -62,8 +64,10 @@ def test_safety_refusals_do_not_depend_on_their_wording(
     assert report["uploaded"] == 1 and (pair.remote / "ok.txt").read_text() == "fine\n"
     # Under a remote symlink: reported as a symlinked path, in the code's own words.
     assert reasons["link/x.txt"] == describe(Reason.SYMLINK_IN_PATH)
-    # Under a remote file: the upload is refused for safety (not failed), by code.
-    assert reasons["plain/y.txt"] == f"upload refused: {describe(Reason.PARENT_NOT_DIR)}"
+    # Onto a remote directory holding only excluded content: the upload is refused for
+    # safety (not failed, and not "changed during the run"), by code; nothing is lost.
+    assert reasons["plain"] == f"upload refused: {describe(Reason.DIR_IN_WAY)}"
+    assert (pair.remote / "plain" / "node_modules" / "m.js").read_text() == "excluded\n"
     assert list((tmp_path / "outside").iterdir()) == []
     if words == "reworded":
-        assert describe(Reason.PARENT_NOT_DIR).startswith("zz-")
+        assert describe(Reason.DIR_IN_WAY).startswith("zz-")

@@ -567,20 +567,25 @@ def test_send_under_a_file_is_refused(client: Client, root: Path) -> None:
 
 
 def test_failed_sends_leave_no_temp_files(client: Client, root: Path) -> None:
-    (root / "dir").mkdir()
+    put(root, "dir/unlisted", b"excluded or new: never listed")
+    (root / "empty").mkdir()
     put(root, "f.txt", b"old")
     results = client.send(root, [
         Upload("aborted.txt", b"partial", abort="read error on the host"),
         Upload("dir", b"a dir is in the way"),
+        Upload("empty", b"an empty dir makes way"),
         Upload("f.txt", b"new", expect=[999, 999]),
         Upload("ok.txt", b"fine"),
     ])  # fmt: skip
     assert results[0] == ["aborted.txt", "error", "os-error", "read error on the host"]
-    assert results[1][:2] == ["dir", "changed"]
-    assert results[2][:2] == ["f.txt", "changed"]
-    assert results[3][:2] == ["ok.txt", "ok"]
+    # A directory holding anything is never replaced, and is not "changed" (issue 23).
+    assert results[1] == ["dir", "error", "dir-in-the-way", ""]
+    assert results[2][:2] == ["empty", "ok"] and (root / "empty").read_bytes() == (
+        b"an empty dir makes way")
+    assert results[3][:2] == ["f.txt", "changed"]
+    assert results[4][:2] == ["ok.txt", "ok"]
     assert not (root / "aborted.txt").exists()
-    assert (root / "dir").is_dir()
+    assert (root / "dir" / "unlisted").read_bytes() == b"excluded or new: never listed"
     assert temp_files(root) == []
 
 
