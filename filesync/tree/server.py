@@ -82,13 +82,13 @@ class Server:
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         stall_point("list")
-        key = json.dumps([root, req["names"], req["patterns"]])
+        key = json.dumps([root, req["names"], req["rules"]])
         remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
             return
         if reply["is_dir"]:
-            matcher = Matcher(req["names"], req["patterns"])
+            matcher = Matcher(req["names"], req["rules"])
             entries, skipped, excluded = walk(root, matcher)
             reply.update(entries=entries, skipped=skipped, excluded=excluded)
             if req.get("delta") is True:
@@ -120,7 +120,7 @@ class Server:
         held = self.watched.pop(key)
         tree = held[1] if held is not None else None
         if tree is None:
-            matcher = Matcher(req["names"], req["patterns"])
+            matcher = Matcher(req["names"], req["rules"])
             tree = WatchedTree.create(root, matcher)
             if tree is None:
                 return False
