@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from filesync.tree.bounded import Bounded
+from filesync.tree.channel import Channel
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Dirs, TempFile, delete_file
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
@@ -26,10 +27,12 @@ from filesync.tree.wire import (
     END_OK,
     PROTOCOL,
     BadRequest,
-    Channel,
+    Op,
     Reason,
+    Status,
+    decode_json,
+    file_header,
     is_count,
-    json_object,
     reason_of,
     reason_text,
     split_whole,
@@ -199,7 +202,7 @@ class Server:
                     head, data = split_whole(payload)
                     results.append(self._receive_whole(dirs, head, data, error))
                 else:
-                    results.append(self._receive_one(dirs, json_object(kind, payload), error))
+                    results.append(self._receive_one(dirs, decode_json(kind, payload), error))
         finally:
             dirs.close()
             if rfd >= 0:
@@ -209,14 +212,14 @@ class Server:
     def _receive_whole(self, dirs: Dirs, head: dict[str, Any], data: memoryview,
                        error: tuple[Reason, str] | None) -> list[Any]:
         """One ``F`` frame: the file's header and all of its bytes."""
-        rel, mode, mtime_ns, expect = _file_header(head)
+        rel, mode, mtime_ns, expect = file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         sink.write(data)
         return sink.commit(mode, mtime_ns, expect)
 
     def _receive_one(self, dirs: Dirs, head: dict[str, Any],
                      error: tuple[Reason, str] | None) -> list[Any]:
-        rel, mode, mtime_ns, expect = _file_header(head)
+        rel, mode, mtime_ns, expect = file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         read_frame = self.chan.read_frame
         while True:
@@ -231,15 +234,16 @@ class Server:
             if kind == b"E" and payload in END_OK:
                 return sink.commit(mode, mtime_ns, expect)
             try:
-                end = json.loads(payload) if kind == b"E" else None
-            except (ValueError, RecursionError):
+                end = decode_json(kind, payload) if kind == b"E" else None
+            except BadRequest:
                 end = None
-            if not isinstance(end, dict):
+            if end is None:
                 sink.abort()
                 raise BadRequest("expected a D or E frame inside a file")
             if not end.get("ok"):
                 sink.abort()
-                return [rel, "error", Reason.OS_ERROR, str(end.get("error", "aborted by client"))]
+                return [rel, Status.ERROR, Reason.OS_ERROR,
+                        str(end.get("error", "aborted by client"))]
             return sink.commit(mode, mtime_ns, expect)
 
     def _temp_name(self) -> str:
@@ -257,22 +261,6 @@ class Server:
         self.chan.send_json({"results": results}, b"Z")
 
 
-
-def _file_header(head: dict[str, Any]) -> tuple[str, int, int, list[int] | None]:
-    """An upload's ``path``, ``mode``, ``mtime_ns`` and ``expect``; ``BadRequest`` if any
-    is not what it must be."""
-    rel: Any = head.get("path")
-    mode: Any = head.get("mode")
-    mtime_ns: Any = head.get("mtime_ns")
-    expect: Any = head.get("expect")
-    if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
-        expect is None
-        or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
-    )):
-        raise BadRequest("malformed file header")
-    return rel, mode, mtime_ns, expect
-
-
 def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
     """Answer requests until ``bye`` or end of input; ``watchdog``: run a ``Watchdog``
     (keepalives, exit when the client is gone) on the streams' descriptors."""
@@ -280,10 +268,10 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
     server = Server(chan)
     dog = Watchdog(chan, inp.fileno(), out.fileno()) if watchdog else None
     ops: dict[str, Callable[[dict[str, Any]], None]] = {
-        "list": server.op_list,
-        "fetch": server.op_fetch,
-        "send": server.op_send,
-        "delete": server.op_delete,
+        Op.LIST.value: server.op_list,
+        Op.FETCH.value: server.op_fetch,
+        Op.SEND.value: server.op_send,
+        Op.DELETE.value: server.op_delete,
     }
     chan.send_json(server.hello())
     if dog is not None:  # after the hello: a client that saw the thread saw the hello
@@ -298,10 +286,10 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
             return
         req = frame[1]
         op = req.get("op")
-        if op == "bye":
+        if op == Op.BYE:
             chan.send_json({"bye": True})
             return
-        if op == "keepalive":  # {"every": seconds}: the client's pace; no reply
+        if op == Op.KEEPALIVE:
             every = req.get("every")
             if dog is not None and isinstance(every, int | float) and every > 0:
                 dog.pace(float(every))
