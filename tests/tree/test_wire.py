@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from test_keepalive_frames import frames
 
 from filesync.core.exclude import ExcludeRule
 from filesync.tree import wire
@@ -35,17 +36,6 @@ from filesync.tree.wire import (
     result_row,
     skipped_row,
 )
-
-
-def frames(data: bytes) -> list[tuple[bytes, bytes]]:
-    out, at = [], 0
-    while at < len(data):
-        kind, length = HEADER.unpack_from(data, at)
-        at += HEADER.size
-        out.append((kind, data[at:at + length]))
-        at += length
-    assert at == len(data)
-    return out
 
 
 def test_gather_writes_about_flush_at_and_big_chunks_straight_through() -> None:
