@@ -30,6 +30,7 @@ from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_co
 from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
     HEADER,
+    REPLY_KINDS,
     BadRequest,
     Op,
     Reason,
@@ -202,7 +203,7 @@ class HelperEndpoint:
             head = await self.proc.readexactly(HEADER.size)
         return await self._body(head)
 
-    async def _body(self, head: bytes, kinds: bytes = b"JZHDE") -> tuple[bytes, bytes]:
+    async def _body(self, head: bytes, kinds: bytes = REPLY_KINDS) -> tuple[bytes, bytes]:
         try:
             kind, length = frame_head(head, kinds)
         except BadRequest as exc:
