@@ -1,10 +1,10 @@
 """The exclusion rule: one object used by every walk, every listing and every apply.
 
-Guarantee: the patterns are read and matched with git's semantics, by
-``filesync.tree.ignore.Matcher`` (agrees with git, checked by
-tests/tree/test_ignore_git_oracle.py), the same code the remote runs: the wire carries the
-raw pattern lines, so the host walk, the remote listing and the pull-time path check
-cannot disagree.
+Guarantee: the patterns are read with git's semantics: pathspec compiles each line on the
+host (``filesync.core.gitignore``) and ``filesync.tree.ignore.Matcher`` applies the
+compiled rules (agrees with git, checked by tests/tree/test_ignore_git_oracle.py). The
+wire carries the compiled rules and the remote runs that same ``Matcher``, so the host
+walk, the remote listing and the pull-time path check cannot disagree.
 
 An invalid pattern from any source raises ``PatternError`` (exit 2) naming the pattern and
 its source. Git itself takes e.g. ``[z-a]`` without a word (and matches only ``z`` with
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filesync.core.gitignore import InvalidPattern, compile_lines, is_pattern, split_lines
 from filesync.errors import PatternError, UsageError
-from filesync.tree.ignore import InvalidPattern, Matcher, is_pattern, split_lines
+from filesync.tree.ignore import Matcher, Rule
 
 #: Bookkeeping and dependency trees that are never skill content.
 DEFAULT_EXCLUDED_DIRS: tuple[str, ...] = (
@@ -79,8 +80,10 @@ class ExcludeRule:
                                f"{exc.reason}; fix the pattern") from None
 
     def __post_init__(self) -> None:
-        # Frozen: the matcher is built once and shared by every caller of this rule.
-        object.__setattr__(self, "_matcher", Matcher(self.dir_names, self.patterns))
+        # Frozen: the rules and the matcher are built once and shared by every caller.
+        rules = compile_lines(list(self.patterns))
+        object.__setattr__(self, "_rules", rules)
+        object.__setattr__(self, "_matcher", Matcher(self.dir_names, rules))
 
     def matcher(self) -> Matcher:
         """The compiled matcher (the same code the remote helper runs)."""
@@ -90,6 +93,10 @@ class ExcludeRule:
         """True if ``rel`` (POSIX, relative to the root) or a parent is excluded."""
         return self.matcher().excluded(rel, is_dir)
 
+    def rules(self) -> list[Rule]:
+        """The compiled pattern lines, as the remote's ``Matcher`` takes them."""
+        return self._rules  # type: ignore[no-any-return,attr-defined]
+
     def wire(self) -> dict[str, Any]:
-        """The rule as the remote helper takes it: the names and the raw pattern lines."""
-        return {"names": list(self.dir_names), "patterns": list(self.patterns)}
+        """The rule as the remote helper takes it: the names and the compiled rules."""
+        return {"names": list(self.dir_names), "rules": [list(r) for r in self.rules()]}

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing
 from filesync.errors import FilesyncError
-from filesync.tree.wire import Reason
+from filesync.tree.wire import Reason, Status
 
 
 @dataclass(slots=True)
@@ -42,14 +42,14 @@ class SendItem:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What the remote did with one file: ``ok``, ``changed`` or ``error``.
+    """What the remote did with one file: ``Status.OK``, ``CHANGED`` or ``ERROR``.
 
     ``size``/``mtime_ns`` are what the remote stored (``ok`` of a send); ``code`` says why
     a file was not done, ``reason`` in words (derived from the code, with the OS detail).
     """
 
     path: str
-    status: str
+    status: Status
     size: int = 0
     mtime_ns: int = 0
     reason: str = ""

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import struct
-import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +20,7 @@ import xxhash
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
-from filesync.endpoint.upload_stream import frame_bytes, json_bytes, write_stream
+from filesync.endpoint.upload_stream import write_stream
 from filesync.errors import ConnectionLost, TransportError
 from filesync.host.faults import crash_point
 from filesync.host.scan import filter_unsafe
@@ -32,23 +30,33 @@ from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_co
 from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
     HEADER,
+    REPLY_KINDS,
+    BadRequest,
+    Op,
     Reason,
+    Status,
+    decode_json,
     describe,
+    encode_json,
+    fetch_header,
+    frame,
+    frame_head,
     is_count,
+    listing_row,
+    ok_sent,
     parse_reason,
+    result_row,
+    skipped_row,
 )
 
-#: Largest frame accepted from the remote (a listing of a huge tree is one ``Z`` frame;
-#: data chunks are 1 MiB). Anything larger is garbage, refused before it is buffered.
-MAX_FRAME = 256 << 20
-#: Largest decompressed ``Z`` payload accepted (guards against a zlib bomb).
-MAX_JSON = 1 << 30
 #: How long ``close`` waits for the helper's goodbye before killing it.
 CLOSE_TIMEOUT = 10.0
 #: How long a remote that answered with something else than the helper's hello may go
 #: on talking before it is killed (the error message quotes what it said).
 START_TIMEOUT = 5.0
 _GARBAGE = "remote helper sent garbage ({}); check the remote's python3, then rerun"
+#: A keepalive frame's header (``K``, empty): the helper is at work.
+KEEPALIVE_FRAME = HEADER.pack(b"K", 0)
 
 
 class NoPython(TransportError):
@@ -70,8 +78,8 @@ class HelperEndpoint:
         #: set once the stream can no longer be trusted; ``close`` then kills at once
         self.broken = False
         #: the listing request sent ahead (``start(list_first=...)``, ``prefetch_list``)
-        #: whose reply is unread: (root as sent, rule wire)
-        self._early: tuple[str, dict[str, Any]] | None = None
+        #: whose reply is unread
+        self._early: _Early | None = None
         #: the last listing received per (root, rule), the base of the next delta reply
         self._bases: Bounded[tuple[str, str], _Base] = Bounded(MAX_BASES)
         #: ask the helper to keep listed roots watched (inotify), so that a later listing
@@ -94,14 +102,14 @@ class HelperEndpoint:
         """
         proc = await conduit.start(bootstrap_command())
         first_request = b""
-        early: tuple[str, dict[str, Any]] | None = None
+        early: _Early | None = None
         if list_first is not None:
             path, rule = list_first
-            early = (path, rule.wire())
-            req = _list_request(path, early[1], None)
+            early = _Early(path, rule.wire(), resolved=False)
+            req = _list_request(path, early.wire, None)
             if watch:
                 req["watch"] = True
-            first_request = frame_bytes(b"J", json_bytes(req))
+            first_request = frame(b"J", encode_json(req))
         first_request = _keepalive_request(conduit) + first_request
         write_error: ConnectionLost | None = None
         try:
@@ -174,12 +182,9 @@ class HelperEndpoint:
 
     # -- framing ------------------------------------------------------------------
 
-    async def _send(self, kind: bytes, payload: bytes) -> None:
-        await self.proc.write(frame_bytes(kind, payload))
-
     async def _request(self, obj: dict[str, Any]) -> None:
         await self._settle()
-        await self._send(b"J", json_bytes(obj))
+        await self.proc.write(frame(b"J", encode_json(obj)))
 
     async def _settle(self) -> None:
         """Read and drop the reply to an early listing nobody asked for."""
@@ -193,26 +198,27 @@ class HelperEndpoint:
         return TransportError(_GARBAGE.format(what))
 
     async def _frame(self) -> tuple[bytes, bytes]:
-        kind, length = HEADER.unpack(await self.proc.readexactly(HEADER.size))
-        while kind == b"K" and not length:  # a keepalive: the helper is at work
-            kind, length = HEADER.unpack(await self.proc.readexactly(HEADER.size))
-        if kind not in b"JZHDE" or length > MAX_FRAME:
-            raise self._garbage(f"frame {kind!r} of {length} bytes")
+        head = await self.proc.readexactly(HEADER.size)
+        while head == KEEPALIVE_FRAME:  # a keepalive: the helper is at work
+            head = await self.proc.readexactly(HEADER.size)
+        return await self._body(head)
+
+    async def _body(self, head: bytes, kinds: bytes = REPLY_KINDS) -> tuple[bytes, bytes]:
+        try:
+            kind, length = frame_head(head, kinds)
+        except BadRequest as exc:
+            raise self._garbage(str(exc)) from None
         return kind, await self.proc.readexactly(length)
 
     async def _payload(self, kind_byte: bytes) -> dict[str, Any]:
-        rest = await self.proc.readexactly(HEADER.size - 1)
-        (length,) = struct.unpack(">I", rest)
-        if length > MAX_FRAME:
-            raise self._garbage(f"frame of {length} bytes")
-        return self._decode(kind_byte, await self.proc.readexactly(length))
+        head = kind_byte + await self.proc.readexactly(HEADER.size - 1)
+        return self._decode(*await self._body(head, b"J"))
 
     def _decode(self, kind: bytes, payload: bytes) -> dict[str, Any]:
         try:
-            return _decode(kind, payload)
-        except TransportError:
-            self.broken = True
-            raise
+            return decode_json(kind, payload)
+        except BadRequest as exc:
+            raise self._garbage(str(exc)) from None
 
     async def _reply(self) -> dict[str, Any]:
         kind, payload = await self._frame()
@@ -238,7 +244,7 @@ class HelperEndpoint:
             return
         wire = rule.wire()
         await self._request(self._list_request(root, wire))
-        self._early = (root, wire)
+        self._early = _Early(root, wire, resolved=True)
 
     def _list_request(self, root: str, wire: dict[str, Any]) -> dict[str, Any]:
         base = self._bases.get((root, _wire_key(wire)))
@@ -268,12 +274,11 @@ class HelperEndpoint:
     async def _list(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
         wire = rule.wire()
         frame: tuple[bytes, bytes] | None = None
-        if self._early is not None:
-            path, early_wire = self._early
-            self._early = None
-            frame = await self._frame()
-            if self.resolve_root(path) != root or early_wire != wire:
-                frame = None
+        early, self._early = self._early, None
+        if early is not None:
+            got = await self._frame()
+            if early.answers(root, wire, self.resolve_root):
+                frame = got
         if frame is None:
             await self._request(self._list_request(root, wire))
             frame = await self._frame()
@@ -314,15 +319,10 @@ class HelperEndpoint:
                 ):
                     raise self._garbage("delta listing removes an unknown path")
         for row in entries:
-            # Exact types (JSON gives nothing else; bools are refused) and one sign check
-            # for the five counts: a third less time per row than isinstance calls.
-            if type(row) is not list or len(row) != 7:
+            if not listing_row(row):
                 raise self._garbage("malformed listing entry")
+            # The declared layout (``wire.ROW_PATH`` ... ``ROW_NLINK``), unpacked at once.
             rel, kind, size, mtime_ns, mode, ino, nlink = row
-            if not (type(rel) is str and type(kind) is str and type(size) is int
-                    and type(mtime_ns) is int and type(mode) is int and type(ino) is int
-                    and type(nlink) is int and size | mtime_ns | mode | ino | nlink >= 0):
-                raise self._garbage("malformed listing entry")
             if kind == FILE and nlink <= 1:
                 files[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
                 odd.pop(rel, None)
@@ -342,10 +342,10 @@ class HelperEndpoint:
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:
-            if not (isinstance(row, list) and len(row) == 3
-                    and all(isinstance(x, str) for x in row)):
+            if not skipped_row(row):
                 raise self._garbage("malformed listing entry")
-            listing.skipped.append(Skipped.of(row[0], parse_reason(row[1]), _text(row[2])))
+            rel, code, detail = row
+            listing.skipped.append(Skipped.of(rel, parse_reason(code), _text(detail)))
         listing.excluded = int(reply.get("excluded", 0))
         # The contract keeps unsafe names out of entries, so no caller can forget to.
         if not safe:
@@ -360,7 +360,7 @@ class HelperEndpoint:
         A sink that cannot write (a full disk) ends the run with a ``FilesyncError``.
         """
         paths = list(dict.fromkeys(paths))
-        await self._request({"op": "fetch", "root": root, "paths": paths})
+        await self._request({"op": Op.FETCH.value, "root": root, "paths": paths})
         pending = Counter(paths)
         while True:
             kind, payload = await self._frame()
@@ -382,10 +382,10 @@ class HelperEndpoint:
                 code = parse_reason(obj["error"])
                 sink.failed(path, describe(code, _text(obj.get("detail", ""))))
                 continue
-            if not all(is_count(obj.get(k)) for k in ("size", "mtime_ns", "mode")):
+            fields = fetch_header(obj)
+            if fields is None:
                 raise self._garbage("malformed file header")
-            await self._receive(FetchHeader(path, obj["size"], obj["mtime_ns"], obj["mode"]),
-                                sink)
+            await self._receive(FetchHeader(path, *fields), sink)
 
     async def _receive(self, head: FetchHeader, sink: FetchSink) -> None:
         write = call_sink(sink.begin, head)
@@ -417,15 +417,14 @@ class HelperEndpoint:
             items = list(items)
             count = len(items)
         await self._settle()
-        request = frame_bytes(b"J", json_bytes({"op": "send", "root": root, "count": count}))
-        paths = await write_stream(self.proc.write, request, items, count)
+        paths = await write_stream(self.proc.write, root, items, count)
         return self._outcomes(await self._reply(), paths)
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
         """Delete files that are still as listed; others come back ``changed``."""
         files = [e for e in files if e.kind == FILE]
         req = [[e.path, e.size, e.mtime_ns] for e in files]
-        await self._request({"op": "delete", "root": root, "files": req})
+        await self._request({"op": Op.DELETE.value, "root": root, "files": req})
         return self._outcomes(await self._reply(), [e.path for e in files])
 
     def _outcomes(self, reply: dict[str, Any], paths: list[str]) -> list[Outcome]:
@@ -435,13 +434,10 @@ class HelperEndpoint:
             raise self._garbage("malformed results")
         out: list[Outcome] = []
         add = out.append
+        ok = Status.OK
         for row, path in zip(rows, paths, strict=True):
-            # The common row, ["path", "ok", size, mtime_ns], checked inline (exact types:
-            # JSON gives no subclasses, and bools are refused); anything else in full.
-            if (type(row) is list and len(row) == 4 and row[1] == "ok" and row[0] == path
-                    and type(row[2]) is int and type(row[3]) is int and row[2] >= 0
-                    and row[3] >= 0):
-                add(Outcome(path, "ok", row[2], row[3]))
+            if ok_sent(row, path):  # the common row, checked inline; anything else in full
+                add(Outcome(path, ok, row[2], row[3]))
                 continue
             outcome = _outcome(row)
             if outcome is None or outcome.path != path:
@@ -475,7 +471,7 @@ class HelperEndpoint:
                 await asyncio.wait_for(self.conduit.run(f"kill -KILL {pid}"), CLOSE_TIMEOUT)
 
     async def _goodbye(self) -> None:
-        await self._request({"op": "bye"})
+        await self._request({"op": Op.BYE.value})
         await self._reply()
         await self.proc.write_eof()
         await self.proc.wait()
@@ -500,9 +496,26 @@ def _wire_key(wire: dict[str, Any]) -> str:
     return json.dumps(wire, sort_keys=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Early:
+    """A listing request sent ahead whose reply is still unread: the next ``list_tree``
+    takes the reply if it asks for the same root and rule; any other request first reads
+    and drops it (``HelperEndpoint._settle``)."""
+
+    #: the root as sent: as the user wrote it (``start``) or already resolved
+    path: str
+    wire: dict[str, Any]
+    resolved: bool
+
+    def answers(self, root: str, wire: dict[str, Any], resolve: Callable[[str], str]) -> bool:
+        """True if its reply is the listing of ``root`` (absolute) under ``wire``."""
+        return (self.path if self.resolved else resolve(self.path)) == root \
+            and self.wire == wire
+
+
 def _list_request(root: str, wire: dict[str, Any], since: int | None) -> dict[str, Any]:
     """A listing request that lets the helper answer with a delta against ``since``."""
-    req: dict[str, Any] = {"op": "list", "root": root, **wire, "delta": True}
+    req: dict[str, Any] = {"op": Op.LIST.value, "root": root, **wire, "delta": True}
     if since is not None:
         req["since"] = since
     return req
@@ -514,23 +527,7 @@ def _keepalive_request(conduit: Conduit) -> bytes:
     idle = getattr(conduit, "idle", None)
     if not isinstance(idle, float):
         return b""
-    return frame_bytes(b"J", json_bytes({"op": "keepalive", "every": idle / 4}))
-
-
-def _decode(kind: bytes, payload: bytes) -> dict[str, Any]:
-    """A frame's payload as a JSON object; ``TransportError`` for anything else."""
-    try:
-        if kind == b"Z":
-            inflate = zlib.decompressobj()
-            payload = inflate.decompress(payload, MAX_JSON)
-            if inflate.unconsumed_tail:
-                raise ValueError("decompressed listing too large")
-        obj = json.loads(payload.decode("utf-8", "surrogateescape"))
-    except (ValueError, zlib.error, RecursionError) as exc:
-        raise TransportError(_GARBAGE.format(f"undecodable {kind!r} frame")) from exc
-    if not isinstance(obj, dict):
-        raise TransportError(_GARBAGE.format(f"{kind!r} frame is not a JSON object"))
-    return obj
+    return frame(b"J", encode_json({"op": Op.KEEPALIVE.value, "every": idle / 4}))
 
 
 def _text(value: object) -> str:
@@ -540,16 +537,15 @@ def _text(value: object) -> str:
 
 
 def _outcome(row: object) -> Outcome | None:
-    if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)):
+    """A result row other than the common one, in full; None if it has no such layout."""
+    parsed = result_row(row)
+    if parsed is None:
         return None
-    if row[1] == "ok":
-        if len(row) >= 4 and is_count(row[2]) and is_count(row[3]):
-            return Outcome(row[0], "ok", row[2], row[3])
-        return Outcome(row[0], "ok") if len(row) == 2 else None
-    if row[1] in ("changed", "error") and len(row) == 4:
-        code = parse_reason(row[2])
-        return Outcome(row[0], row[1], reason=describe(code, _text(row[3])), code=code)
-    return None
+    path, status, rest = parsed
+    if status is Status.OK:
+        return Outcome(path, status, *rest)
+    code = parse_reason(rest[0])
+    return Outcome(path, status, reason=describe(code, _text(rest[1])), code=code)
 
 
 async def _drain(proc: RemoteProcess, limit: int) -> bytes:

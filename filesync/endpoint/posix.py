@@ -106,7 +106,7 @@ from filesync.errors import ConnectionLost, TransportError
 from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.paths import resolve_root, unsafe_reason
-from filesync.tree.wire import Reason, describe
+from filesync.tree.wire import Reason, Status, describe
 
 __all__ = ["GNU_FIND", "STAT_C", "STAT_F", "PosixEndpoint", "TarFetch", "Tools"]
 
@@ -507,9 +507,9 @@ class PosixEndpoint:
                 state, reason = status.get(i, ("missing", ""))
                 if state == "ok":
                     size, mtime_ns, _tok = stats.get(temp, (sent.get(i, 0), 0, ""))
-                    out[i] = Outcome(item.path, "ok", size, mtime_ns)
+                    out[i] = Outcome(item.path, Status.OK, size, mtime_ns)
                 elif state == "changed":
-                    out[i] = Outcome(item.path, "changed", reason=describe(Reason.CHANGED),
+                    out[i] = Outcome(item.path, Status.CHANGED, reason=describe(Reason.CHANGED),
                                      code=Reason.CHANGED)
                 elif state == "error":
                     out[i] = _failed(item.path, *result_reason(reason or "os rename failed"))
@@ -556,7 +556,7 @@ class PosixEndpoint:
     def _delete_results(self, asked: list[tuple[int, Entry]], lines: list[str],
                         stderr_line: str) -> dict[int, Outcome]:
         if "GONE" in lines:
-            return {i: Outcome(e.path, "ok") for i, e in asked}
+            return {i: Outcome(e.path, Status.OK) for i, e in asked}
         if "NOTDIR" in lines:
             return {i: _failed(e.path, Reason.OS_ERROR, "the remote root is not a directory")
                     for i, e in asked}
@@ -570,9 +570,9 @@ class PosixEndpoint:
         for i, e in asked:
             state, reason = status.get(i, ("error", "os no answer from the remote"))
             if state == "ok":
-                out[i] = Outcome(e.path, "ok")
+                out[i] = Outcome(e.path, Status.OK)
             elif state == "changed":
-                out[i] = Outcome(e.path, "changed", reason=describe(Reason.CHANGED),
+                out[i] = Outcome(e.path, Status.CHANGED, reason=describe(Reason.CHANGED),
                                  code=Reason.CHANGED)
             else:
                 out[i] = _failed(e.path, *result_reason(reason or "os not removed"))
@@ -592,7 +592,7 @@ _NO_MV_T = ("the remote's mv has no -T (it could move a file into a directory sw
 
 def _failed(path: str, code: Reason, detail: str = "") -> Outcome:
     """An ``error`` outcome for ``code``, its text derived from it (and ``detail``)."""
-    return Outcome(path, "error", reason=describe(code, detail), code=code)
+    return Outcome(path, Status.ERROR, reason=describe(code, detail), code=code)
 
 
 def _temp(pid: str, n: int) -> str:

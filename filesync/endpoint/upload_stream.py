@@ -5,9 +5,10 @@ Guarantees:
 - a file that reads whole in at most ``WHOLE_MAX`` bytes is one ``F`` frame; a bigger one
   is ``H``, its ``D`` chunks and ``E``; one whose local read fails ends with an error
   ``E`` (the helper drops it, and the rest of the stream goes on);
-- frames are gathered into writes of about ``FLUSH_AT`` bytes, data chunks of ``DIRECT``
-  bytes or more go straight through (no copy), and each write is awaited until the
-  conduit took it: a small file is one part of a packet, not three packets;
+- frames are gathered (``tree.wire.Gather``, the helper's own codec) into writes of about
+  ``FLUSH_AT`` bytes, data chunks of ``DIRECT`` bytes or more go straight through (no
+  copy), and each write is awaited until the conduit took it: a small file is one part
+  of a packet, not three packets;
 - files are read as the stream goes: the first is on its way while the rest of ``items``
   (which may be a generator) are still being made.
 """
@@ -16,24 +17,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 from filesync.endpoint.contract import SendItem
-from filesync.tree.wire import DIRECT, END_OK, FLUSH_AT, HEADER, WHOLE_MAX, put_whole
-
-
-def json_bytes(obj: dict[str, Any]) -> bytes:
-    """A JSON object as a frame's payload (names that are not UTF-8 survive)."""
-    return json.dumps(obj).encode("utf-8", "surrogateescape")
-
-
-def frame_bytes(kind: bytes, payload: bytes) -> bytes:
-    return HEADER.pack(kind, len(payload)) + payload
-
-
-def put(buf: bytearray, kind: bytes, payload: bytes) -> None:
-    buf += HEADER.pack(kind, len(payload))
-    buf += payload
+from filesync.tree.wire import END_OK, WHOLE_MAX, Gather, Op, encode_json
 
 
 def file_head(item: SendItem) -> bytes:
@@ -47,27 +33,20 @@ def file_head(item: SendItem) -> bytes:
 
 def _read_failed(exc: OSError) -> bytes:
     """The ``E`` frame of an upload whose local read failed (the remote drops the file)."""
-    return json_bytes({"ok": False, "error": f"local read failed: {exc.strerror}"})
+    return encode_json({"ok": False, "error": f"local read failed: {exc.strerror}"})
 
 
-async def write_stream(write: Callable[[bytes], Awaitable[None]], request: bytes,
+async def write_stream(write: Callable[[bytes], Awaitable[None]], root: str,
                        items: Iterable[SendItem], count: int) -> list[str]:
-    """Write ``request`` (the send request's frame), then every file of ``items``; returns
-    their paths in order. Raises ``ValueError`` before the stream's last write if
-    ``items`` held other than ``count`` files."""
-    buf = bytearray(request)
+    """Write the send request of ``count`` files to ``root``, then every file of
+    ``items``; returns their paths in order. Raises ``ValueError`` before the stream's
+    last write if ``items`` held other than ``count`` files."""
+    gather = Gather()
+    gather.add(b"J", encode_json({"op": Op.SEND.value, "root": root, "count": count}))
 
-    async def data(chunk: bytes) -> None:
-        if len(chunk) >= DIRECT:
-            buf.extend(HEADER.pack(b"D", len(chunk)))
-            await write(bytes(buf))
-            buf.clear()
-            await write(chunk)
-            return
-        put(buf, b"D", chunk)
-        if len(buf) >= FLUSH_AT:
-            await write(bytes(buf))
-            buf.clear()
+    async def put(kind: bytes, payload: bytes) -> None:
+        for data in gather.add(kind, payload):
+            await write(data)
 
     paths: list[str] = []
     for item in items:
@@ -89,22 +68,20 @@ async def write_stream(write: Callable[[bytes], Awaitable[None]], request: bytes
         except OSError as exc:
             failed = _read_failed(exc)
         if whole:
-            put_whole(buf, head, held[0] if len(held) == 1 else b"".join(held))
-        else:
-            put(buf, b"H", head)
-            for chunk in held:
-                await data(chunk)
-            if failed is None:
-                try:
-                    for chunk in chunks:
-                        await data(chunk)
-                except OSError as exc:
-                    failed = _read_failed(exc)
-            put(buf, b"E", END_OK[0] if failed is None else failed)
-        if len(buf) >= FLUSH_AT:
-            await write(bytes(buf))
-            buf.clear()
+            for data in gather.add_whole(head, held[0] if len(held) == 1 else b"".join(held)):
+                await write(data)
+            continue
+        await put(b"H", head)
+        for chunk in held:
+            await put(b"D", chunk)
+        if failed is None:
+            try:
+                for chunk in chunks:
+                    await put(b"D", chunk)
+            except OSError as exc:
+                failed = _read_failed(exc)
+        await put(b"E", END_OK[0] if failed is None else failed)
     if len(paths) != count:
         raise ValueError(f"send: {len(paths)} items given, {count} announced")
-    await write(bytes(buf))
+    await write(gather.take())
     return paths

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.helper import HelperEndpoint
-from filesync.endpoint.upload_stream import json_bytes
+from filesync.tree.wire import Op, encode_json, frame
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ async def wait_change(
     if not isinstance(endpoint, HelperEndpoint):
         return None
     await endpoint._request({
-        "op": "wait", "timeout": timeout, "settle": settle,
+        "op": Op.WAIT.value, "timeout": timeout, "settle": settle,
         "roots": [{"root": root, **rule.wire()} for root, rule in roots],
     })
     reply = asyncio.ensure_future(endpoint._reply())
@@ -55,7 +55,7 @@ async def wait_change(
     try:
         await asyncio.wait((reply, woken), return_when=asyncio.FIRST_COMPLETED)
         if not reply.done():
-            await endpoint._send(b"J", json_bytes({"op": "wake"}))
+            await endpoint.proc.write(frame(b"J", encode_json({"op": Op.WAKE.value})))
         got = await reply
     except BaseException:
         if not reply.done():

@@ -35,7 +35,7 @@ from filesync.tree.dirfd import (
     unchanged,
 )
 from filesync.tree.paths import split_rel
-from filesync.tree.wire import Reason, describe, parse_reason, reason_of
+from filesync.tree.wire import Reason, Status, describe, parse_reason, reason_of
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
@@ -55,10 +55,10 @@ class HostOp:
 
 @dataclass(frozen=True, slots=True)
 class OpResult:
-    """``done``, ``changed`` (target edited since the scan) or ``error``."""
+    """``OK`` (done), ``CHANGED`` (target edited since the scan) or ``ERROR``."""
 
     op: HostOp
-    status: str
+    status: Status
     reason: str = ""
     #: the code of a refusal of the remote's kind (symlinked parent...), else None
     code: Reason | None = None
@@ -67,7 +67,7 @@ class OpResult:
 def _refused(op: HostOp, exc: BaseException) -> OpResult:
     """The ``error`` result of an op whose path could not be opened, with its code."""
     code, detail = reason_of(exc)
-    return OpResult(op, "error", describe(code, detail), code)
+    return OpResult(op, Status.ERROR, describe(code, detail), code)
 
 
 class HostTree:
@@ -106,7 +106,8 @@ class HostTree:
             parts = split_rel(op.path)
             pfd = open_parent(self.fd, parts, op.kind == "write")
         except FileNotFoundError:
-            return OpResult(op, "done" if op.kind == "delete" else "error", "parent vanished")
+            return OpResult(op, Status.OK if op.kind == "delete" else Status.ERROR,
+                            "parent vanished")
         except (OSError, ValueError) as exc:
             return _refused(op, exc)
         try:
@@ -129,12 +130,12 @@ class HostTree:
         st = self._current(pfd, name)
         if not unchanged(st, op.expect):
             if st is not None and _holds(pfd, name, op.hash):
-                return OpResult(op, "done")  # replayed after a crash: already in place
+                return OpResult(op, Status.OK)  # replayed after a crash: already in place
             blocked = make_way(pfd, name, st, op.expect)
             if blocked is Reason.DIR_IN_WAY:
-                return OpResult(op, "error", describe(blocked), blocked)
+                return OpResult(op, Status.ERROR, describe(blocked), blocked)
             if blocked is not None:
-                return OpResult(op, "changed", "changed on the host during the run")
+                return OpResult(op, Status.CHANGED, "changed on the host during the run")
             st = None  # an empty directory was in the way: removed
         assert op.staged is not None
         if st is not None:
@@ -143,7 +144,7 @@ class HostTree:
         self._place(pfd, name, Path(op.staged), op)
         self.unflushed.add(tuple(parts[:-1]))
         crash_point("placed")
-        return OpResult(op, "done")
+        return OpResult(op, Status.OK)
 
     def _place(self, pfd: int, name: str, staged: Path, op: HostOp) -> None:
         os.chmod(staged, op.mode & 0o777)
@@ -177,18 +178,18 @@ class HostTree:
     def _delete(self, pfd: int, parts: list[str], op: HostOp) -> OpResult:
         st = self._current(pfd, parts[-1])
         if st is None:
-            return OpResult(op, "done")
+            return OpResult(op, Status.OK)
         if not unchanged(st, op.expect):
-            return OpResult(op, "changed", "changed on the host during the run")
+            return OpResult(op, Status.CHANGED, "changed on the host during the run")
         self._keep(pfd, op.path, parts[-1])
         crash_point("kept")
         result = delete_file(self.fd, op.path, [st.st_size, st.st_mtime_ns])
-        if result[1] != "ok":
+        if result[1] != Status.OK:
             code = parse_reason(result[2])
-            return OpResult(op, "changed" if result[1] == "changed" else "error",
+            return OpResult(op, Status.CHANGED if result[1] == Status.CHANGED else Status.ERROR,
                             describe(code, str(result[3])), code)
         crash_point("placed")
-        return OpResult(op, "done")
+        return OpResult(op, Status.OK)
 
     def _keep(self, pfd: int, rel: str, name: str) -> None:
         """Keep the old file in the undo dir before it is replaced or deleted."""

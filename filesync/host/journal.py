@@ -24,6 +24,7 @@ from filesync.errors import FilesyncError
 from filesync.host.apply import DIR_FLAGS, HostOp, HostTree, OpResult
 from filesync.host.faults import crash_point
 from filesync.host.state import Ancestor, PairState
+from filesync.tree.wire import Status
 
 
 @dataclass(slots=True)
@@ -73,7 +74,7 @@ def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
 
 def commit_journal(state: PairState, journal: Journal, results: list[OpResult]) -> None:
     """Record the ancestors of the ops that were done, then retire the journal."""
-    done = {r.op.path for r in results if r.status == "done"}
+    done = {r.op.path for r in results if r.status == Status.OK}
     rows = [(r[0], Ancestor(*r[1:])) for r in journal.ancestors if r[0] in done]
     state.put_ancestors(rows)
     state.forget([p for p in journal.forget if p in done])
@@ -102,7 +103,7 @@ def _write_undo_manifest(
          # A file: where a directory became a file, ``files/<path>`` is the directory
          # holding the kept files that were under it, not a kept old version.
          "kept": (undo_dir / "files" / r.op.path).is_file()}
-        for r in results if r.status == "done"
+        for r in results if r.status == Status.OK
     ]
     manifest = {"ops": rows, "previous": previous}
     try:

@@ -19,6 +19,7 @@ from filesync.host.apply import HostOp, HostTree
 from filesync.host.journal import recover
 from filesync.host.scan import hash_file
 from filesync.host.state import Ancestor, PairState
+from filesync.tree.wire import Status
 
 
 def undo_in(state: PairState, local_root: Path) -> list[str]:
@@ -35,7 +36,7 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
         # then the file written) comes back as it was, the file removed first.
         for row in reversed(manifest["ops"]):
             op = _undo_op(row, run, local_root, scratch)
-            if op is not None and tree.apply(op).status == "done":
+            if op is not None and tree.apply(op).status == Status.OK:
                 restored.append(row["path"])
     finally:
         tree.close()

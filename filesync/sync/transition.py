@@ -29,7 +29,7 @@ from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalSc
 from filesync.host.state import Ancestor, ConflictRecord
 from filesync.sync.changes import Change, ChangeAction
 from filesync.sync.inputs import PassInputs, Planned, Scans
-from filesync.tree.wire import SAFETY, Reason
+from filesync.tree.wire import SAFETY, Reason, Status
 
 
 @dataclass
@@ -232,7 +232,7 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
     outcomes = await inputs.session.send(inputs.remote_root, items(), len(uploads))
     rows = []
     for o in outcomes:
-        if o.status == "ok":
+        if o.status == Status.OK:
             r = readers[o.path]
             entry = entries[o.path]
             mode = entry.mode & 0o777
@@ -248,9 +248,9 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
     inputs.state.put_ancestors(rows)
 
 
-def _failed(out: Transitioned, path: str, status: str, reason: str, what: str,
+def _failed(out: Transitioned, path: str, status: Status, reason: str, what: str,
             code: Reason | None) -> None:
-    if status == "changed":
+    if status == Status.CHANGED:
         out.skipped.append(Skipped(path, f"{reason}; retried next run", code))
     elif code in SAFETY:
         out.skipped.append(Skipped(path, f"{what} refused: {reason}", code))
@@ -268,7 +268,7 @@ async def _delete_remote(
         return
     gone = []
     for o in await inputs.session.delete(inputs.remote_root, entries):
-        if o.status == "ok":
+        if o.status == Status.OK:
             gone.append(o.path)
             out.deleted_remote += 1
             out.changes.append(Change(o.path, ChangeAction.DELETE_REMOTE))
@@ -341,14 +341,14 @@ def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned
     staged = inputs.sink.staged
     for r in results:
         path = r.op.path
-        if r.status == "done":
+        if r.status == Status.OK:
             if r.op.kind == "write":
                 out.downloaded += 1
                 out.changes.append(Change(path, ChangeAction.DOWNLOAD, staged[path].size))
             else:
                 out.deleted_local += 1
                 out.changes.append(Change(path, ChangeAction.DELETE_LOCAL))
-        elif r.status == "changed" and r.op.kind == "write":
+        elif r.status == Status.CHANGED and r.op.kind == "write":
             # Edited on the host since the scan: keep it, save the remote version.
             saved = str(save_copy(inputs, path)) if path in staged else ""
             out.conflicts.append({"path": path, "saved_to": saved})

@@ -22,7 +22,7 @@ import stat
 from typing import Any
 
 from filesync.tree.paths import split_rel
-from filesync.tree.wire import Reason, reason_of
+from filesync.tree.wire import Reason, Status, reason_of
 
 TEMP_PREFIX = ".filesync."
 TEMP_SUFFIX = ".tmp"
@@ -217,13 +217,13 @@ class TempFile:
         row if that (or anything before) failed, else None (``commit`` comes later)."""
         if self.error:
             self.abort()
-            return [self.rel, "error", *self.error]
+            return [self.rel, Status.ERROR, *self.error]
         try:
             os.fchmod(self.fd, mode & 0o7777)
             os.utime(self.fd, ns=(mtime_ns, mtime_ns))
         except OSError as exc:
             self.abort()
-            return [self.rel, "error", *reason_of(exc)]
+            return [self.rel, Status.ERROR, *reason_of(exc)]
         start_writeback(self.fd)
         return None
 
@@ -235,7 +235,7 @@ class TempFile:
             os.fsync(self.fd)
         except OSError as exc:
             self.abort()
-            return [self.rel, "error", *reason_of(exc)]
+            return [self.rel, Status.ERROR, *reason_of(exc)]
         return None
 
     def place(self, expect: list[int] | None) -> list[Any]:
@@ -249,14 +249,14 @@ class TempFile:
                                expect)
             if blocked is not None:
                 self.abort()
-                status = "changed" if blocked is Reason.CHANGED else "error"
+                status = Status.CHANGED if blocked is Reason.CHANGED else Status.ERROR
                 return [self.rel, status, blocked.value, ""]
             os.rename(self.temp, self.parts[-1], src_dir_fd=self.pfd, dst_dir_fd=self.pfd)
         except OSError as exc:
             self.abort()
-            return [self.rel, "error", *reason_of(exc)]
+            return [self.rel, Status.ERROR, *reason_of(exc)]
         self._close()
-        return [self.rel, "ok", st.st_size, st.st_mtime_ns]
+        return [self.rel, Status.OK, st.st_size, st.st_mtime_ns]
 
     def abort(self) -> None:
         if self.pfd >= 0:
@@ -321,7 +321,7 @@ class Batch:
                 self.dirs[key] = os.dup(sink.pfd)
         except OSError as exc:
             sink.abort()
-            self.rows.append([sink.rel, "error", *reason_of(exc)])
+            self.rows.append([sink.rel, Status.ERROR, *reason_of(exc)])
             return
         sink.pfd = self.dirs[key]
         self.rows.append([])

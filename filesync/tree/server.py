@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from filesync.tree.bounded import Bounded
+from filesync.tree.channel import Channel
 from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Batch, Dirs, TempFile, delete_file
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
@@ -28,10 +29,12 @@ from filesync.tree.wire import (
     END_OK,
     PROTOCOL,
     BadRequest,
-    Channel,
+    Op,
     Reason,
+    Status,
+    decode_json,
+    file_header,
     is_count,
-    json_object,
     reason_of,
     reason_text,
     split_whole,
@@ -87,13 +90,13 @@ class Server:
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         stall_point("list")
-        key = json.dumps([root, req["names"], req["patterns"]])
+        key = json.dumps([root, req["names"], req["rules"]])
         remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
             return
         if reply["is_dir"]:
-            matcher = Matcher(req["names"], req["patterns"])
+            matcher = Matcher(req["names"], req["rules"])
             entries, skipped, excluded = walk(root, matcher)
             reply.update(entries=entries, skipped=skipped, excluded=excluded)
             if req.get("delta") is True:
@@ -125,7 +128,7 @@ class Server:
         held = self.watched.pop(key)
         tree = held[1] if held is not None else None
         if tree is None:
-            matcher = Matcher(req["names"], req["patterns"])
+            matcher = Matcher(req["names"], req["rules"])
             tree = WatchedTree.create(root, matcher)
             if tree is None:
                 return False
@@ -147,7 +150,7 @@ class Server:
     def op_wait(self, req: dict[str, Any]) -> None:
         """Block until a watched root changes, the client sends anything, or ``timeout``.
 
-        ``roots``: the ``{"root", "names", "patterns"}`` of watched listings (``"watch":
+        ``roots``: the ``{"root", "names", "rules"}`` of watched listings (``"watch":
         true`` listings made them). The reply is ``{"changed": bool, "watched": n}``,
         ``watched`` counting the roots that are watched here; unless all are, the
         reply comes at once (the client polls). After the first event it waits for
@@ -160,7 +163,7 @@ class Server:
         """
         trees = []
         for item in req["roots"]:
-            key = json.dumps([self.resolve(item["root"]), item["names"], item["patterns"]])
+            key = json.dumps([self.resolve(item["root"]), item["names"], item["rules"]])
             held = self.watched.get(key)
             if held is not None and held[1].ifd >= 0:
                 trees.append(held[1])
@@ -249,7 +252,7 @@ class Server:
                     head, data = split_whole(payload)
                     self._receive_whole(batch, dirs, head, data, error)
                 else:
-                    self._receive_one(batch, dirs, json_object(kind, payload), error)
+                    self._receive_one(batch, dirs, decode_json(kind, payload), error)
         finally:
             # what arrived whole is committed even if the stream broke, as one at a time
             results = batch.finish()
@@ -261,14 +264,14 @@ class Server:
     def _receive_whole(self, batch: Batch, dirs: Dirs, head: dict[str, Any], data: memoryview,
                        error: tuple[Reason, str] | None) -> None:
         """One ``F`` frame: the file's header and all of its bytes."""
-        rel, mode, mtime_ns, expect = _file_header(head)
+        rel, mode, mtime_ns, expect = file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         sink.write(data)
         batch.add(sink, mode, mtime_ns, expect)
 
     def _receive_one(self, batch: Batch, dirs: Dirs, head: dict[str, Any],
                      error: tuple[Reason, str] | None) -> None:
-        rel, mode, mtime_ns, expect = _file_header(head)
+        rel, mode, mtime_ns, expect = file_header(head)
         sink = TempFile(dirs, rel, self._temp_name(), error)
         read_frame = self.chan.read_frame
         while True:
@@ -284,15 +287,15 @@ class Server:
                 batch.add(sink, mode, mtime_ns, expect)
                 return
             try:
-                end = json.loads(payload) if kind == b"E" else None
-            except (ValueError, RecursionError):
+                end = decode_json(kind, payload) if kind == b"E" else None
+            except BadRequest:
                 end = None
-            if not isinstance(end, dict):
+            if end is None:
                 sink.abort()
                 raise BadRequest("expected a D or E frame inside a file")
             if not end.get("ok"):
                 sink.abort()
-                batch.put([rel, "error", Reason.OS_ERROR,
+                batch.put([rel, Status.ERROR, Reason.OS_ERROR,
                            str(end.get("error", "aborted by client"))])
                 return
             batch.add(sink, mode, mtime_ns, expect)
@@ -313,22 +316,6 @@ class Server:
         self.chan.send_json({"results": results}, b"Z")
 
 
-
-def _file_header(head: dict[str, Any]) -> tuple[str, int, int, list[int] | None]:
-    """An upload's ``path``, ``mode``, ``mtime_ns`` and ``expect``; ``BadRequest`` if any
-    is not what it must be."""
-    rel: Any = head.get("path")
-    mode: Any = head.get("mode")
-    mtime_ns: Any = head.get("mtime_ns")
-    expect: Any = head.get("expect")
-    if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
-        expect is None
-        or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
-    )):
-        raise BadRequest("malformed file header")
-    return rel, mode, mtime_ns, expect
-
-
 def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
     """Answer requests until ``bye`` or end of input; ``watchdog``: run a ``Watchdog``
     (keepalives, exit when the client is gone) on the streams' descriptors."""
@@ -336,11 +323,11 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
     server = Server(chan)
     dog = Watchdog(chan, inp.fileno(), out.fileno()) if watchdog else None
     ops: dict[str, Callable[[dict[str, Any]], None]] = {
-        "list": server.op_list,
-        "fetch": server.op_fetch,
-        "send": server.op_send,
-        "delete": server.op_delete,
-        "wait": server.op_wait,
+        Op.LIST.value: server.op_list,
+        Op.FETCH.value: server.op_fetch,
+        Op.SEND.value: server.op_send,
+        Op.DELETE.value: server.op_delete,
+        Op.WAIT.value: server.op_wait,
     }
     chan.send_json(server.hello())
     if dog is not None:  # after the hello: a client that saw the thread saw the hello
@@ -355,12 +342,12 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
             return
         req = frame[1]
         op = req.get("op")
-        if op == "bye":
+        if op == Op.BYE:
             chan.send_json({"bye": True})
             return
-        if op == "wake":  # ends a ``wait`` (done by its arrival); nothing to answer
+        if op == Op.WAKE:  # ends a ``wait`` (done by its arrival); nothing to answer
             continue
-        if op == "keepalive":  # {"every": seconds}: the client's pace; no reply
+        if op == Op.KEEPALIVE:
             every = req.get("every")
             if dog is not None and isinstance(every, int | float) and every > 0:
                 dog.pace(float(every))

@@ -30,7 +30,8 @@ import select
 import threading
 import time
 
-from filesync.tree.wire import KEEPALIVE, Channel
+from filesync.tree.channel import Channel
+from filesync.tree.wire import KEEPALIVE
 
 #: The exit status of a helper whose client went away (nobody reads it; for tests and logs).
 ORPHANED = 75

@@ -1,4 +1,12 @@
-"""The helper protocol's wire: frames, constants and reason codes.
+"""The helper protocol's declared wire: frames, messages, rows and reason codes, sans I/O.
+
+Both sides use this one module (stdlib only; the helper bundle ships it): the remote's
+request loop (``tree.server`` over ``tree.channel``), the client (``endpoint.helper``) and
+its upload stream (``endpoint.upload_stream``). It holds the one frame codec (``Gather``
+gathers frames into writes, ``frame_head`` checks a header against the size cap,
+``decode_json``/``encode_json`` a JSON payload, with the decompression cap), the operation
+and status enums, and every row layout as named indexes with its validator. Nothing here
+reads or writes a stream.
 
 Frames: one kind byte, a 4-byte big-endian length, the payload.
 ``J`` JSON object, ``Z`` zlib-compressed JSON object, ``H`` per-file header (JSON),
@@ -15,10 +23,8 @@ import enum
 import errno
 import json
 import struct
-import threading
-import time
 import zlib
-from typing import IO, Any
+from typing import Any
 
 PROTOCOL = 1
 CHUNK = 1 << 20
@@ -42,6 +48,13 @@ END_OK = (b'{"ok": true}', b'{"ok":true}')
 #: A keepalive goes out once nothing was written for this long (seconds), unless the client
 #: asks for a shorter period (``{"op": "keepalive"}``): well inside its idle deadline.
 KEEPALIVE = 5.0
+#: Largest frame a client accepts (a listing of a huge tree is one ``Z`` frame; data chunks
+#: are 1 MiB). Anything larger is garbage, refused before it is buffered.
+MAX_FRAME = 256 << 20
+#: Largest decompressed ``Z`` payload accepted (guards against a zlib bomb).
+MAX_JSON = 1 << 30
+#: The frames a helper sends in answer (``K`` keepalives are skipped before this check).
+REPLY_KINDS = b"JZHDE"
 
 
 def is_count(value: object) -> bool:
@@ -150,14 +163,40 @@ def reason_text(exc: BaseException) -> str:
 
 
 class BadRequest(Exception):
-    """The client sent something this helper cannot parse: the stream is not trusted."""
+    """The peer sent something this side cannot parse: the stream is not trusted."""
 
 
-def json_object(kind: bytes, payload: bytes) -> dict[str, Any]:
-    """A frame's payload as a JSON object (``Z``: compressed); ``BadRequest`` otherwise."""
+# -- the frame codec ------------------------------------------------------------------
+
+
+def frame_head(head: bytes, kinds: bytes = REPLY_KINDS) -> tuple[bytes, int]:
+    """A frame header's kind and length; ``BadRequest`` for a kind not in ``kinds`` or a
+    length over ``MAX_FRAME``."""
+    kind, length = HEADER.unpack(head)
+    if kind not in kinds or length > MAX_FRAME:
+        raise BadRequest(f"frame {kind!r} of {length} bytes")
+    return kind, length
+
+
+def frame(kind: bytes, payload: bytes) -> bytes:
+    """One frame, on its own (a request; ``Gather`` for a stream of them)."""
+    return HEADER.pack(kind, len(payload)) + payload
+
+
+def encode_json(obj: dict[str, Any]) -> bytes:
+    """A JSON object as a frame's payload (names that are not UTF-8 survive)."""
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def decode_json(kind: bytes, payload: bytes) -> dict[str, Any]:
+    """A frame's payload as a JSON object (``Z``: compressed, inflated to at most
+    ``MAX_JSON`` bytes); ``BadRequest`` for anything else."""
     try:
         if kind == b"Z":
-            payload = zlib.decompress(payload)
+            inflate = zlib.decompressobj()
+            payload = inflate.decompress(payload, MAX_JSON)
+            if inflate.unconsumed_tail:
+                raise ValueError("decompressed frame too large")
         obj = json.loads(payload.decode("utf-8", "surrogateescape"))
     except (ValueError, zlib.error, RecursionError) as exc:
         raise BadRequest(f"undecodable {kind!r} frame") from exc
@@ -166,12 +205,46 @@ def json_object(kind: bytes, payload: bytes) -> dict[str, Any]:
     return obj
 
 
-def put_whole(buf: bytearray, head: bytes, body: bytes) -> None:
-    """Append the ``F`` frame of a whole small upload (``head``: its header's JSON)."""
-    buf += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
-    buf += WHOLE_HEAD.pack(len(head))
-    buf += head
-    buf += body
+def json_payload(obj: dict[str, Any], kind: bytes = b"J") -> bytes:
+    """``obj`` as the payload of a ``kind`` frame (``Z``: compressed at ``Z_LEVEL``)."""
+    data = encode_json(obj)
+    return zlib.compress(data, Z_LEVEL) if kind == b"Z" else data
+
+
+class Gather:
+    """Frames gathered into writes of about ``FLUSH_AT`` bytes; data of ``DIRECT`` bytes
+    or more goes straight through (no copy). Each ``add`` returns the writes due now, in
+    order; ``take`` the rest. Sans I/O: the caller writes (a pipe, a conduit)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+
+    def add(self, kind: bytes, payload: bytes) -> list[bytes]:
+        pending = self.pending
+        pending += HEADER.pack(kind, len(payload))
+        if len(payload) >= DIRECT:
+            out = [bytes(pending), payload]
+            pending.clear()
+            return out
+        pending += payload
+        return [self.take()] if len(pending) >= FLUSH_AT else []
+
+    def add_whole(self, head: bytes, body: bytes) -> list[bytes]:
+        """The ``F`` frame of a whole small upload (``head``: its header's JSON)."""
+        pending = self.pending
+        pending += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
+        pending += WHOLE_HEAD.pack(len(head))
+        pending += head
+        pending += body
+        return [self.take()] if len(pending) >= FLUSH_AT else []
+
+    def take(self) -> bytes:
+        """What is pending, now to be written."""
+        data = bytes(self.pending)
+        self.pending.clear()
+        return data
 
 
 def split_whole(payload: bytes) -> tuple[dict[str, Any], memoryview]:
@@ -184,96 +257,105 @@ def split_whole(payload: bytes) -> tuple[dict[str, Any], memoryview]:
     if end > len(payload):
         raise BadRequest("F frame header runs past the frame")
     view = memoryview(payload)
-    return json_object(b"F", bytes(view[WHOLE_HEAD.size:end])), view[end:]
+    return decode_json(b"F", bytes(view[WHOLE_HEAD.size:end])), view[end:]
 
 
-class Channel:
-    """Framed I/O over a pair of binary streams.
+# -- messages and rows ----------------------------------------------------------------
 
-    Frames written are gathered in a buffer and go out in writes of about ``FLUSH_AT``
-    bytes (big data chunks straight through); ``flush`` (done by every reply) sends
-    what is pending. Nothing is left pending while the helper waits for input.
 
-    Writes hold ``lock`` from a frame's first byte to its last, so ``keepalive`` (called
-    from another thread) lands between frames, never inside one.
-    """
+class Op(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.11)
+    """A request's ``op``."""
 
-    def __init__(self, inp: IO[bytes], out: IO[bytes]) -> None:
-        self.inp = inp
-        self.out = out
-        self._pending = bytearray()
-        self.lock = threading.Lock()
-        #: when bytes last went out (``time.monotonic``)
-        self.wrote_at = time.monotonic()
+    LIST = "list"
+    FETCH = "fetch"
+    SEND = "send"
+    DELETE = "delete"
+    BYE = "bye"
+    #: ``{"every": seconds}``: the client's keepalive pace; no reply
+    KEEPALIVE = "keepalive"
+    #: sleep until a watched root changes, ``timeout`` passes, or the client says anything
+    WAIT = "wait"
+    #: ends a running ``wait``; no reply of its own
+    WAKE = "wake"
 
-    def keepalive(self, quiet_for: float) -> bool:
-        """Send a ``K`` frame (and whatever is pending) if nothing went out for
-        ``quiet_for`` seconds; True if it did."""
-        with self.lock:
-            if time.monotonic() - self.wrote_at < quiet_for:
-                return False
-            self._pending += HEADER.pack(b"K", 0)
-            self._flush()
-            return True
 
-    def read_frame(self) -> tuple[bytes, bytes] | None:
-        head = self.inp.read(HEADER.size)
-        if len(head) < HEADER.size:
-            return None
-        kind, length = HEADER.unpack(head)
-        payload = self.inp.read(length)
-        if len(payload) < length:
-            return None
-        return kind, payload
+class Status(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.11)
+    """What was done with one file, on either side: the remote's result rows and
+    ``Outcome``, the host's ``OpResult``."""
 
-    def read_json(self) -> tuple[bytes, dict[str, Any]] | None:
-        """The next frame decoded as a JSON object (``{}`` for ``D``); ``None`` at EOF.
+    OK = "ok"
+    #: the target changed since it was listed or scanned: left as it is
+    CHANGED = "changed"
+    ERROR = "error"
 
-        Raises ``BadRequest`` for a payload that is not a (compressed) JSON object.
-        """
-        frame = self.read_frame()
-        if frame is None:
-            return None
-        kind, payload = frame
-        if kind == b"D":
-            return kind, {}
-        return kind, json_object(kind, payload)
 
-    def write(self, kind: bytes, payload: bytes, flush: bool = False) -> None:
-        """Queue one frame; ``flush`` sends it (and everything before it) at once."""
-        with self.lock:
-            self._write(kind, payload, flush)
+#: A listing row (``walk``): path, kind (``"f"``), size, mtime_ns, mode, inode, link count.
+ROW_PATH, ROW_KIND, ROW_SIZE, ROW_MTIME, ROW_MODE, ROW_INO, ROW_NLINK = range(7)
+ROW_LEN = 7
+#: A skipped row: path, reason code, OS detail.
+SKIP_PATH, SKIP_CODE, SKIP_DETAIL = range(3)
+#: A result row (send, delete): path, status, then size and mtime_ns (``ok`` of a send),
+#: nothing (``ok`` of a delete) or code and detail (``changed``, ``error``).
+RES_PATH, RES_STATUS = 0, 1
 
-    def _write(self, kind: bytes, payload: bytes, flush: bool) -> None:
-        pending = self._pending
-        pending += HEADER.pack(kind, len(payload))
-        if len(payload) >= DIRECT:
-            self.out.write(pending)
-            pending.clear()
-            self.out.write(payload)
-        else:
-            pending += payload
-            if len(pending) >= FLUSH_AT:
-                self.out.write(pending)
-                pending.clear()
-        if flush:
-            self._flush()
-        self.wrote_at = time.monotonic()
 
-    def flush(self) -> None:
-        with self.lock:
-            self._flush()
+def listing_row(row: object) -> bool:
+    """``row`` has the listing row's layout: exact types (JSON gives nothing else; bools
+    are refused) and one sign check for the five counts, a third less time per row than
+    ``isinstance`` calls (a listing decodes 100k of them)."""
+    if type(row) is not list or len(row) != ROW_LEN:
+        return False
+    rel, kind, size, mtime_ns, mode, ino, nlink = row
+    return (type(rel) is str and type(kind) is str and type(size) is int
+            and type(mtime_ns) is int and type(mode) is int and type(ino) is int
+            and type(nlink) is int and size | mtime_ns | mode | ino | nlink >= 0)
 
-    def _flush(self) -> None:
-        if self._pending:
-            self.out.write(self._pending)
-            self._pending.clear()
-        self.out.flush()
-        self.wrote_at = time.monotonic()
 
-    def send_json(self, obj: dict[str, Any], kind: bytes = b"J", flush: bool = True) -> None:
-        data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
-        if kind == b"Z":
-            data = zlib.compress(data, Z_LEVEL)
-        self.write(kind, data, flush)
+def skipped_row(row: object) -> bool:
+    """``row`` has the skipped row's layout: three strings."""
+    return isinstance(row, list) and len(row) == 3 and all(isinstance(x, str) for x in row)
 
+
+def ok_sent(row: object, path: str) -> bool:
+    """``row`` is the common result, ``[path, "ok", size, mtime_ns]``, for ``path``:
+    checked inline, with exact types (the fast path of a 100k-file send)."""
+    return (type(row) is list and len(row) == 4 and row[1] == "ok" and row[0] == path
+            and type(row[2]) is int and type(row[3]) is int and row[2] >= 0 and row[3] >= 0)
+
+
+def result_row(row: object) -> tuple[str, Status, list[Any]] | None:
+    """A result row's path, status and the rest (``[size, mtime_ns]``, ``[]`` or
+    ``[code, detail]``, each checked); None if it has no such layout."""
+    if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)):
+        return None
+    rest = row[2:]
+    if row[1] == Status.OK:
+        if not rest or (len(rest) >= 2 and is_count(rest[0]) and is_count(rest[1])):
+            return row[0], Status.OK, rest[:2]
+        return None
+    if row[1] in (Status.CHANGED, Status.ERROR) and len(rest) == 2:
+        return row[0], Status(row[1]), rest
+    return None
+
+
+def file_header(head: dict[str, Any]) -> tuple[str, int, int, list[int] | None]:
+    """An upload's ``path``, ``mode``, ``mtime_ns`` and ``expect``; ``BadRequest`` if any
+    is not what it must be."""
+    rel: Any = head.get("path")
+    mode: Any = head.get("mode")
+    mtime_ns: Any = head.get("mtime_ns")
+    expect: Any = head.get("expect")
+    if not (isinstance(rel, str) and is_count(mode) and is_count(mtime_ns) and (
+        expect is None
+        or (isinstance(expect, list) and len(expect) == 2 and all(map(is_count, expect)))
+    )):
+        raise BadRequest("malformed file header")
+    return rel, mode, mtime_ns, expect
+
+
+def fetch_header(head: dict[str, Any]) -> tuple[int, int, int] | None:
+    """A fetched file's ``size``, ``mtime_ns`` and ``mode``; None if any is not a count."""
+    size, mtime_ns, mode = head.get("size"), head.get("mtime_ns"), head.get("mode")
+    if is_count(size) and is_count(mtime_ns) and is_count(mode):
+        return size, mtime_ns, mode  # type: ignore[return-value]
+    return None

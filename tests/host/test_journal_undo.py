@@ -68,7 +68,7 @@ def test_commit_records_only_the_ops_that_were_done(state: PairState, tmp_path: 
     tree = HostTree(local, None)
     results = run_journal(tree, journal)
     tree.close()
-    assert [r.status for r in results] == ["done", "changed"]
+    assert [r.status for r in results] == ["ok", "changed"]
     commit_journal(state, journal, results)
     assert set(state.ancestors()) == {"new.txt"}
     assert not state.journal_path.exists()

@@ -73,7 +73,7 @@ def test_an_undo_copy_made_without_a_hard_link_keeps_the_mode(
         st = target.stat()
         op = HostOp("write", "d/secret.txt", [st.st_size, st.st_mtime_ns], str(staged), None,
                     0o644, st.st_mtime_ns)
-        assert tree.apply(op).status == "done"
+        assert tree.apply(op).status == "ok"
     finally:
         tree.close()
     kept = tmp_path / "undo" / "files" / "d" / "secret.txt"

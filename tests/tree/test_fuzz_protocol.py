@@ -266,8 +266,9 @@ def requests(draw: st.DrawFn) -> bytes:
     req: dict[str, Any] = {"op": op, "root": draw(ROOTS)}
     if op == "list":
         req["names"] = draw(st.lists(st.text(max_size=5), max_size=3) | json_values)
-        req["patterns"] = draw(st.lists(st.tuples(st.sampled_from(["^a", "(", ".*"]),
-                                                  st.integers(0, 1)), max_size=2) | json_values)
+        req["rules"] = draw(st.lists(st.tuples(st.sampled_from(["^a", "(", ".*", "\xff"]),
+                                               *[st.booleans() | st.integers(0, 1)] * 3),
+                                     max_size=2) | json_values)
     elif op == "fetch":
         req["paths"] = draw(st.lists(rel_paths, max_size=4) | json_values)
     elif op == "delete":

@@ -80,6 +80,13 @@ EXPLICIT = [
     (["d/", "/e/", "f/g/"], [("d",), ("x", "d", "1"), ("e", "1"), ("x", "e", "1"),
                              ("f", "g", "1"), ("x", "f", "g", "1")]),
     (["*", "!*/", "!*.md"], [("a.md",), ("b.txt",), ("s", "c.md"), ("s", "d.txt")]),
+    # Where pathspec's own reading differs from git's (filesync.core.gitignore mends it):
+    # a negated "#", a trailing tab, "a/**/" (only directories below a), "**/" alone.
+    (["*", "!*/", "!#c"], [("#c",), ("d",), ("s", "#c"), ("s", "e")]),
+    (["a\t", "b "], [("a\t",), ("a",), ("b",), ("b ",)]),
+    (["a/**/"], [("a", "f"), ("a", "b", "f"), ("c", "a", "b", "f")]),
+    (["**/", "!x"], [("f",), ("x", "f"), ("y", "f")]),
+    (["[!a]b", "x/[[:upper:]]?"], [("a", "b"), ("cb",), ("ab",), ("x", "Ay"), ("x", "ay")]),
 ]
 
 

@@ -7,7 +7,8 @@ import io
 import os
 import threading
 
-from filesync.tree.wire import DIRECT, FLUSH_AT, HEADER, Channel
+from filesync.tree.channel import Channel
+from filesync.tree.wire import DIRECT, FLUSH_AT, HEADER
 
 
 class SlowOut(io.RawIOBase):

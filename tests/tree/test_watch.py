@@ -30,7 +30,7 @@ from filesync.tree.ignore import Matcher
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree, local_filesystems_only
 
-MATCHER = Matcher(["node_modules"], ["*.log"])
+MATCHER = Matcher(["node_modules"], ExcludeRule.build(["*.log"]).rules())
 
 
 def canon(result: tuple[Any, ...]) -> tuple[Any, ...]:

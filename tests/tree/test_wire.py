@@ -1,0 +1,147 @@
+"""The declared wire (``tree.wire``): the one frame codec, the enums and the row layouts.
+
+Both sides use these very functions (the helper's ``Channel``, the client, the upload
+stream), so each rule here holds on both ends of the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from test_keepalive_frames import frames
+
+from filesync.core.exclude import ExcludeRule
+from filesync.tree import wire
+from filesync.tree.walk import walk
+from filesync.tree.wire import (
+    DIRECT,
+    FLUSH_AT,
+    HEADER,
+    ROW_LEN,
+    ROW_NLINK,
+    ROW_PATH,
+    ROW_SIZE,
+    BadRequest,
+    Gather,
+    Op,
+    Status,
+    decode_json,
+    encode_json,
+    frame_head,
+    listing_row,
+    ok_sent,
+    result_row,
+    skipped_row,
+)
+
+
+def test_gather_writes_about_flush_at_and_big_chunks_straight_through() -> None:
+    gather, writes = Gather(), []
+    small = b"x" * 1000
+    for _ in range(FLUSH_AT // 1000 * 3):
+        writes += gather.add(b"D", small)
+    big = b"y" * DIRECT
+    writes += gather.add(b"D", big)
+    writes.append(gather.take())
+    # Nothing is lost or reordered, small frames are gathered, the big chunk is its own
+    # write (the very object: no copy), right after the frames before it.
+    assert [p for _, p in frames(b"".join(writes))] == [small] * (FLUSH_AT // 1000 * 3) + [big]
+    assert any(w is big for w in writes)
+    assert all(len(w) < FLUSH_AT + 1000 + HEADER.size for w in writes if w is not big)
+    assert len(writes) >= 3 and gather.take() == b""
+
+
+def test_gather_whole_frame_holds_header_and_body() -> None:
+    gather = Gather()
+    assert gather.add_whole(b'{"path":"a"}', b"body") == []
+    ((kind, payload),) = frames(gather.take())
+    head, body = wire.split_whole(payload)
+    assert kind == b"F" and head == {"path": "a"} and bytes(body) == b"body"
+
+
+def test_frame_head_refuses_unknown_kinds_and_frames_over_the_cap() -> None:
+    assert frame_head(HEADER.pack(b"Z", wire.MAX_FRAME)) == (b"Z", wire.MAX_FRAME)
+    with pytest.raises(BadRequest, match="of 268435457 bytes"):
+        frame_head(HEADER.pack(b"Z", wire.MAX_FRAME + 1))
+    with pytest.raises(BadRequest):
+        frame_head(HEADER.pack(b"Q", 1))
+    with pytest.raises(BadRequest):  # a hello is a J frame, nothing else
+        frame_head(HEADER.pack(b"Z", 1), b"J")
+
+
+def test_decode_json_round_trips_and_refuses_non_objects_and_bombs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    obj = {"name": "caf\udce9", "n": [1, 2]}  # a name that is not UTF-8 survives
+    assert decode_json(b"J", encode_json(obj)) == obj
+    assert decode_json(b"Z", wire.json_payload(obj, b"Z")) == obj
+    for kind, payload in [(b"J", b"[1]"), (b"J", b"{"), (b"Z", b"not zlib")]:
+        with pytest.raises(BadRequest):
+            decode_json(kind, payload)
+    monkeypatch.setattr(wire, "MAX_JSON", 1000)
+    # Inflated past the cap: refused (never held whole), even where the first MAX_JSON
+    # bytes would parse on their own.
+    with pytest.raises(BadRequest):
+        decode_json(b"Z", zlib.compress(encode_json({"x": 1}) + b" " * 5000))
+    assert decode_json(b"Z", zlib.compress(encode_json({"x": 1}) + b" " * 900)) == {"x": 1}
+
+
+def test_enums_travel_as_their_values() -> None:
+    assert json.loads(encode_json({"r": ["p", Status.OK, 1, 2], "op": Op.LIST})) == {
+        "r": ["p", "ok", 1, 2], "op": "list"}
+    assert {s.value for s in Status} == {"ok", "changed", "error"}
+
+
+def test_every_row_the_walk_makes_has_the_listing_layout(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.txt").write_bytes(b"12345")
+    (tmp_path / "g").write_bytes(b"")
+    (tmp_path / "h").symlink_to("g")
+    entries, skipped, _ = walk(str(tmp_path), ExcludeRule.build().matcher())
+    rows = json.loads(json.dumps(entries))  # as they arrive
+    assert rows and all(listing_row(row) for row in rows)
+    assert len(rows[0]) == ROW_LEN
+    by_path = {row[ROW_PATH]: row for row in rows}
+    assert by_path["d/f.txt"][ROW_SIZE] == 5 and by_path["d/f.txt"][ROW_NLINK] == 1
+    assert skipped and all(skipped_row(row) for row in json.loads(json.dumps(skipped)))
+
+
+@pytest.mark.parametrize("row", [
+    ["a", "f", 1, 2, 3, 4],  # short
+    ["a", "f", 1, 2, 3, 4, 1, 0],  # long
+    ["a", "f", True, 2, 3, 4, 1],  # a bool is not a count
+    ["a", "f", 1, -2, 3, 4, 1],  # negative
+    ["a", "f", 1, 2.0, 3, 4, 1],  # not an int
+    [1, "f", 1, 2, 3, 4, 1],  # path not a string
+    ("a", "f", 1, 2, 3, 4, 1),  # JSON gives lists
+])  # fmt: skip
+def test_listing_row_refuses_any_other_layout(row: object) -> None:
+    assert listing_row(["a", "f", 1, 2, 3, 4, 1])
+    assert not listing_row(row)
+
+
+def test_result_rows() -> None:
+    assert ok_sent(["a", "ok", 1, 2], "a")
+    assert not ok_sent(["a", "ok", 1, 2], "b") and not ok_sent(["a", "ok", True, 2], "a")
+    assert result_row(["a", "ok"]) == ("a", Status.OK, [])
+    assert result_row(["a", "ok", 1, 2]) == ("a", Status.OK, [1, 2])
+    assert result_row(["a", "changed", "changed", ""]) == ("a", Status.CHANGED,
+                                                           ["changed", ""])
+    assert result_row(["a", "error", "os-error", "x"])[1] is Status.ERROR  # type: ignore[index]
+    for bad in (["a"], ["a", "ok", -1, 2], ["a", "done"], ["a", "error", "x"], [1, "ok"]):
+        assert result_row(bad) is None, bad
+
+
+def test_file_header_is_checked() -> None:
+    assert wire.file_header({"path": "a", "mode": 0o644, "mtime_ns": 1, "expect": [1, 2]}) \
+        == ("a", 0o644, 1, [1, 2])
+    for bad in ({"path": "a", "mode": -1, "mtime_ns": 1},
+                {"path": "a", "mode": 1, "mtime_ns": 1, "expect": [1]},
+                {"mode": 1, "mtime_ns": 1}):
+        with pytest.raises(BadRequest):
+            wire.file_header(bad)
+    assert wire.fetch_header({"size": 1, "mtime_ns": 2, "mode": 3}) == (1, 2, 3)
+    assert wire.fetch_header({"size": 1, "mtime_ns": "2", "mode": 3}) is None
