@@ -486,7 +486,7 @@ def test_client_choice_errors_are_one_line(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the cold start
 
 
-def test_the_login_starts_before_the_engine_is_imported_and_needs_no_mux_requests(
+def test_the_login_starts_before_the_engine_is_imported_and_its_only_mux_request_is_exit(
     sshd: SshdContainer, tmp_path: Path
 ) -> None:
     # Every ssh the run spawns is logged by a wrapper first on PATH.
@@ -520,7 +520,9 @@ def test_the_login_starts_before_the_engine_is_imported_and_needs_no_mux_request
     assert snapshot(run.remote) == expected(run)
     lines = calls.read_text().splitlines()
     assert sum(" -G " in f" {line} " for line in lines) == 2, lines  # one per run
-    assert not [line for line in lines if " -O " in f" {line} "], lines
+    # Readiness needs no mux round trip; the run's end is one `ssh -O exit` on the socket.
+    mux = [line for line in lines if " -O " in f" {line} "]
+    assert len(mux) == 2 and all(" -O exit " in line for line in mux), lines
 
 
 async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_path: Path) -> None:
@@ -528,21 +530,23 @@ async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_p
     config.write_text(block("begun", sshd))
     before = logins(sshd)
     pending = openssh.begin("begun", ssh_config=config)
-    assert pending.error is None and pending.proc is not None and pending.workdir is not None
+    assert pending.error is None and pending.master is not None
+    workdir = pending.master.workdir
+    assert workdir is not None
     conduit = await openssh.connect("begun", ssh_config=config)
     try:
         assert conduit.alive  # the login may still be under way: the first command waits
         done = await conduit.run("echo ok")
         assert (done.returncode, done.stdout) == (0, b"ok\n")
-        assert conduit.master.workdir == pending.workdir
+        assert conduit.master is pending.master
         assert logins(sshd) == before + 1
     finally:
         await conduit.close()
-    assert not conduit.alive and not pending.workdir.exists()
+    assert not conduit.alive and not workdir.exists()
     # A second connect finds nothing begun: it logs in by itself.
     again = await openssh.connect("begun", ssh_config=config)
     try:
-        assert again.master.workdir != pending.workdir
+        assert again.master.workdir != workdir
     finally:
         await again.close()
 
@@ -557,14 +561,17 @@ def test_a_begun_login_nobody_takes_over_ends_with_the_process(
         "from pathlib import Path\n"
         "from filesync.transport.ssh import openssh\n"
         "p = openssh.begin('orphan', ssh_config=Path(sys.argv[1]))\n"
-        "assert p.proc is not None and p.proc.wait() == 0\n"
-        "print(p.workdir)\n"
+        "assert p.master is not None and p.master.workdir is not None\n"
+        "while not (p.master.workdir / 'sock').exists():\n"  # logged in
+        "    assert p.master.alive\n"
+        "    time.sleep(0.01)\n"
+        "print(p.master.workdir)\n"
     )
     done = run_cli(tmp_path, str(config), code=code)
     assert done.returncode == 0, done.stderr
     workdir = done.stdout.strip()
     assert workdir and not Path(workdir).exists()
-    deadline = time.monotonic() + 30  # SIGTERM was sent at exit; the master may lag a little
+    deadline = time.monotonic() + 30  # ended at exit; the master may lag a little
     while (left := _running_with(workdir.encode())) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left
@@ -600,8 +607,9 @@ def test_a_command_failing_before_it_connects_ends_its_begun_login(
         "    return begun[-1]\n"
         "login.begin = begin\n"
         "rc = main(sys.argv[1:])\n"  # LOCAL is a file: a usage error, after the begin
-        "print(json.dumps({'rc': rc, 'dirs': [str(p.workdir) for p in begun],\n"
-        "                  'left': [str(p.workdir) for p in begun if p.workdir.exists()]}))\n"
+        "dirs = [p.master.workdir for p in begun if p.master is not None]\n"
+        "print(json.dumps({'rc': rc, 'dirs': [str(d) for d in dirs],\n"
+        "                  'left': [str(d) for d in dirs if d.exists()]}))\n"
     )
     done = run_cli(run.home, "push", str(not_a_dir), run.spec, "-q", "--state-dir",
                    str(run.state), "-F", str(run.config), code=code)

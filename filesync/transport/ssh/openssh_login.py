@@ -1,4 +1,4 @@
-"""Logging in with the system ``ssh``: ``ssh -G``, and filesync's own ControlMaster.
+"""Logging in with the system ``ssh``: choosing the client, ``ssh -G``, and the early login.
 
 Guarantees:
 
@@ -7,9 +7,8 @@ Guarantees:
   ``connect`` (``openssh``) with the same arguments takes it over and raises what went
   wrong exactly as a login it started itself would. A login nobody takes over ends when
   the process exits.
-- Readiness needs no mux round trip: ``ssh -M -N -f`` exits 0 once the backgrounded
-  master listens, and the master's pid is read from /proc (``ssh -O check`` only where
-  there is no /proc).
+- Readiness needs no mux round trip: the master's control socket appears once it is
+  logged in (``master.ControlMaster``).
 - Every failure is one ``TransportError`` line (see ``openssh_errors``).
 
 Standard library only, and no asyncio: the CLI imports this module (and starts the login)
@@ -19,95 +18,17 @@ before anything heavier; the waiting half is ``openssh.connect``.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import pwd
 import re
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import TransportError, UsageError
 from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
-from filesync.transport.ssh.openssh_errors import Context
-
-# Liveness when the user's config sets none: three missed 15 s probes end the master, so
-# a dead peer is noticed within a minute (ServerAliveCountMax's default is already 3).
-_ALIVE_INTERVAL = 15
-# An orphaned master (filesync killed before close) exits after this long without sessions.
-_IDLE_PERSIST = 60
-# Unix socket paths are limited to 104-108 bytes. Below the base come "/ssh-XXXXXXXX/",
-# %C (40 hex digits) and, while ssh binds, a 17-byte temporary suffix: 71 bytes.
-_MAX_SOCKET_DIR = 104 - 71
-# A master's dir with a log but no socket this long is left over (a master that is still
-# logging in, say at a passphrase prompt, has written its log more recently than that).
-_STALE_AFTER = 3600
-_GRACE = 2.0  # how long a finished client may take to exit, or a dying master to die
-
-
-def _has_tty() -> bool:
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie counts as dead (orphans are reaped late)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def _sweep(base: Path) -> None:
-    """Remove the directories of masters that are gone (filesync was killed, and the master
-    then exited once idle, taking its socket along): only the log is left in them."""
-    now = time.time()
-    for entry in base.glob("ssh-*"):
-        with contextlib.suppress(OSError):
-            names = os.listdir(entry)
-            log = entry / "master.log"
-            if names == ["master.log"] and now - log.stat().st_mtime > _STALE_AFTER:
-                shutil.rmtree(entry)
-
-
-def _runtime_dir() -> Path:
-    """A fresh 0700 directory for one master's socket and log, short enough for a socket."""
-    uid = os.getuid()
-    bases = []
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        bases.append(Path(runtime) / "filesync")
-    bases.append(Path(tempfile.gettempdir()) / f"filesync-{uid}")
-    bases.append(Path(f"/tmp/filesync-{uid}"))
-    for base in bases:
-        if len(str(base)) > _MAX_SOCKET_DIR:
-            continue
-        with contextlib.suppress(OSError):
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = base.lstat()
-            if base.is_symlink() or st.st_uid != uid or st.st_mode & 0o077:
-                continue  # someone else's, or open to others: not for a control socket
-            _sweep(base)
-            return Path(tempfile.mkdtemp(prefix="ssh-", dir=base))
-    raise TransportError(
-        "no private directory for the ssh control socket (tried "
-        f"{', '.join(map(str, bases))}); set XDG_RUNTIME_DIR to a short private directory"
-    )
-
+from filesync.transport.ssh.master import ControlMaster
 
 #: The environment variable that picks the SSH client when ``--ssh-client`` is not given.
 ENV_CLIENT = "FILESYNC_SSH_CLIENT"
@@ -182,17 +103,17 @@ def _resolve_now(ssh: str, base: list[str], alias: str) -> Resolved:
         done = subprocess.run([ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=60, start_new_session=True)
     except subprocess.TimeoutExpired:
-        raise _resolve_timeout(alias) from None
-    return _resolved(alias, done.returncode, done.stdout.decode(errors="replace"),
+        raise resolve_timeout(alias) from None
+    return parse_resolved(alias, done.returncode, done.stdout.decode(errors="replace"),
                      done.stderr.decode(errors="replace"))
 
 
-def _resolve_timeout(alias: str) -> TransportError:
+def resolve_timeout(alias: str) -> TransportError:
     return TransportError(f"`ssh -G {alias}` did not finish in 60 s; check the Match exec "
                           "commands in your ssh config")
 
 
-def _resolved(alias: str, code: int, out: str, err: str) -> Resolved:
+def parse_resolved(alias: str, code: int, out: str, err: str) -> Resolved:
     if code != 0:
         lines = [line for line in err.splitlines() if line.strip()]
         why = lines[0] if lines else f"exit status {code}"
@@ -205,37 +126,7 @@ def _resolved(alias: str, code: int, out: str, err: str) -> Resolved:
     return Resolved(alias, settings)
 
 
-@dataclass
-class _Master:
-    """The ControlMaster a conduit rides: filesync's own, or the user's."""
-
-    socket: str  # the ControlPath argument (may contain %C)
-    pid: int
-    owned: bool
-    workdir: Path | None = None
-
-    @property
-    def log(self) -> Path | None:
-        return self.workdir / "master.log" if self.workdir else None
-
-
-def _fill_gaps(res: Resolved, accept_new: bool, connect_timeout: float) -> list[str]:
-    """The ``-o`` options filesync adds for the master; each only where it must or may."""
-    opts = []
-    if accept_new:
-        opts.append("StrictHostKeyChecking=accept-new")
-    elif res.get("stricthostkeychecking") == "ask":
-        # The default: a question in the middle of a run. filesync refuses instead, with
-        # the line that adds the key (and --accept-new-host-key), see openssh_errors.
-        opts.append("StrictHostKeyChecking=yes")
-    if res.get("serveraliveinterval", "0") == "0":
-        opts.append(f"ServerAliveInterval={_ALIVE_INTERVAL}")
-    if res.get("connecttimeout", "none") == "none" and connect_timeout > 0:
-        opts.append(f"ConnectTimeout={max(1, round(connect_timeout))}")
-    return [arg for opt in opts for arg in ("-o", opt)]
-
-
-def _base_args(ssh_config: Path | None, identity: Path | None, user: str | None,
+def base_args(ssh_config: Path | None, identity: Path | None, user: str | None,
                port: int | None) -> list[str]:
     """``-F``/``-i``/``-l``/``-p`` as given, after checking the files exist."""
     base: list[str] = []
@@ -254,7 +145,7 @@ def _base_args(ssh_config: Path | None, identity: Path | None, user: str | None,
     return base
 
 
-def _which_ssh() -> str:
+def which_ssh() -> str:
     ssh = shutil.which("ssh")
     if ssh is None:
         raise TransportError("no ssh binary on PATH; install the OpenSSH client "
@@ -262,7 +153,8 @@ def _which_ssh() -> str:
     return ssh
 
 
-_Key = tuple[str, str | None, int | None, Path | None, Path | None, bool, float]
+#: What ``begin`` and ``connect`` must agree on for one to take over the other's login.
+LoginKey = tuple[str, str | None, int | None, Path | None, Path | None, bool, float]
 
 
 @dataclass
@@ -270,18 +162,17 @@ class Pending:
     """A login under way: ``begin`` spawned it, ``connect`` (with the same arguments)
     finishes it. ``error`` is what ``begin`` ran into, raised by ``connect``."""
 
-    key: _Key
+    key: LoginKey
     ssh: str = ""
     base: list[str] | None = None
     res: Resolved | None = None
     error: TransportError | None = None
-    #: the ``ssh -M -N -f`` that logs in; None when the user's config names a ControlPath
+    #: filesync's own master, logging in; None when the user's config names a ControlPath
     #: (``connect`` looks for the user's running master first)
-    proc: subprocess.Popen[bytes] | None = None
-    workdir: Path | None = None
+    master: ControlMaster | None = None
 
 
-_PENDING: dict[_Key, list[Pending]] = {}
+_PENDING: dict[LoginKey, list[Pending]] = {}
 _AT_EXIT = False
 
 
@@ -302,15 +193,16 @@ def begin(
     arguments takes the login over (and raises what went wrong, as it would have).
     Never raises; a login nobody takes over is ended when the process exits.
     """
-    key: _Key = (host, user, port, ssh_config, identity, accept_new_host_key, connect_timeout)
+    key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key, connect_timeout)
     pending = Pending(key)
     try:
-        pending.ssh = _which_ssh()
-        pending.base = _base_args(ssh_config, identity, user, port)
+        pending.ssh = which_ssh()
+        pending.base = base_args(ssh_config, identity, user, port)
         pending.res = _resolve_now(pending.ssh, pending.base, host)
         if pending.res.get("controlpath", "none") == "none":
-            pending.workdir, pending.proc = _spawn_master(
-                pending.ssh, pending.base, pending.res, accept_new_host_key, connect_timeout)
+            pending.master = ControlMaster.start(
+                pending.ssh, pending.base, pending.res, accept_new=accept_new_host_key,
+                connect_timeout=connect_timeout)
     except TransportError as exc:
         pending.error = exc
     global _AT_EXIT
@@ -320,7 +212,8 @@ def begin(
     return pending
 
 
-def _take(key: _Key) -> Pending | None:
+def take(key: LoginKey) -> Pending | None:
+    """The login ``begin`` started with ``key``, handed over once (None if there is none)."""
     queue = _PENDING.get(key)
     if not queue:
         return None
@@ -335,60 +228,6 @@ def end_unused() -> None:
     before it connected). Run by ``filesync.cli.main`` after each command, and at exit."""
     for queue in list(_PENDING.values()):
         for pending in queue:
-            if pending.proc is not None and pending.workdir is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    pending.proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    if pending.proc.wait(_GRACE) == 0 and (pid := _find_master(pending.workdir)):
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGTERM)
-                shutil.rmtree(pending.workdir, ignore_errors=True)
+            if pending.master is not None:
+                pending.master.stop_now()
     _PENDING.clear()
-
-
-def _spawn_master(
-    ssh: str, base: list[str], res: Resolved, accept_new: bool, connect_timeout: float,
-) -> tuple[Path, subprocess.Popen[bytes]]:
-    """Start ``ssh -M -N -f``: it exits 0 once its master runs in the background."""
-    workdir = _runtime_dir()
-    argv = [ssh, *base, "-v", "-o", f"ControlPath={workdir / '%C'}", "-o", "ControlMaster=yes",
-            "-o", f"ControlPersist={_IDLE_PERSIST}", *_fill_gaps(res, accept_new, connect_timeout),
-            "-N", "-f", "-T", "-x", "--", res.alias]
-    try:
-        # The log is a file, not a pipe: the backgrounded master (and a ProxyJump child)
-        # keep writing to it, and a pipe would never reach its end. No new session here:
-        # ssh asks for a passphrase on the terminal, if there is one.
-        with open(workdir / "master.log", "ab") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    return workdir, proc
-
-
-def _find_master(workdir: Path) -> int | None:
-    """The pid of the running master whose socket is in ``workdir``, read from /proc (no
-    ``ssh -O check`` round trip): its command line names the directory, before and after
-    ssh retitles the backgrounded master to ``ssh: SOCKET [mux]``."""
-    mark = str(workdir).encode() + b"/"
-    me = os.getpid()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            with contextlib.suppress(OSError), open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                if mark in f.read() and _pid_alive(int(entry.name)):
-                    return int(entry.name)
-    return None
-
-
-def _context(res: Resolved) -> Context:
-    known = res.files("userknownhostsfile")
-    return Context(
-        label=res.label, alias=res.alias, host=res.host, port=res.port, user=res.user,
-        known_hosts=str(known[0]) if known else "~/.ssh/known_hosts",
-        identity_files=res.files("identityfile"),
-        agent=bool(os.environ.get("SSH_AUTH_SOCK")) and res.get("identityagent") != "none",
-        tty=_has_tty(),
-    )
