@@ -1,7 +1,7 @@
 """The idle deadline: a remote that owes bytes and sends nothing for too long is hung.
 
-``IdleConduit`` wraps the conduit an endpoint runs on; every process it starts is an
-``IdleProcess``, whose reads (the remote owes a reply, a frame of a fetch, a command's
+``IdleConduit`` wraps the conduit an endpoint runs on. Starting a process (once the
+login is done) gets ``idle`` seconds; every process it starts is an ``IdleProcess``, whose reads (the remote owes a reply, a frame of a fetch, a command's
 output, its exit status) and writes (the remote owes reading what it was sent) each get
 ``idle`` seconds. A read waits for at most ``SLICE`` bytes at a time, so the deadline
 measures silence, not how long a big frame takes on a slow link: a link that moves less
@@ -113,7 +113,18 @@ class IdleConduit(Conduit):
         self.idle = check_idle_timeout(idle)
 
     async def start(self, command: str) -> RemoteProcess:
-        return IdleProcess(await self.inner.start(command), self)
+        # The login first, unbounded here (see ``Conduit.logged_in``); then starting the
+        # command is a wait like any other (a channel the server never confirms).
+        await self.inner.logged_in()
+        try:
+            async with asyncio.timeout(self.idle):
+                proc = await self.inner.start(command)
+        except TimeoutError:
+            raise RemoteSilent(silent_message(self.idle)) from None
+        return IdleProcess(proc, self)
+
+    async def logged_in(self) -> None:
+        await self.inner.logged_in()
 
     async def close(self) -> None:
         await self.inner.close()

@@ -212,7 +212,7 @@ class OpenSshConduit(Conduit):
             self._login.cancelled() or self._login.exception() is not None)
         return not self._closed and not login_failed and self.master.alive
 
-    async def _logged_in(self) -> None:
+    async def logged_in(self) -> None:
         if self._login is not None:
             # A failed login raises its one-line TransportError here, every time.
             await self._login
@@ -252,7 +252,7 @@ class OpenSshConduit(Conduit):
     async def start(self, command: str) -> RemoteProcess:
         """Run ``command`` through the remote login shell, as ``ssh HOST COMMAND`` does."""
         if not self._closed:
-            await self._logged_in()
+            await self.logged_in()
         if self._closed or not self.master.alive:
             raise await self._lost("could not start")
         log = self.master.log
