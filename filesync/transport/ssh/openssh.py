@@ -38,7 +38,7 @@ import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from filesync.errors import ConnectionLost, TransportError
+from filesync.errors import ConnectionLost
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.ssh import openssh_errors
 from filesync.transport.ssh.master import GRACE, ControlMaster, run_ssh, session_overrides
@@ -167,7 +167,12 @@ class OpenSshProcess(RemoteProcess):
             os.killpg(self._proc.pid, signal.SIGKILL)
         transport = getattr(self._proc, "_transport", None)  # no public way to it
         if transport is not None:
-            transport.close()
+            # The pipes only: closing the whole transport would reap the process under
+            # asyncio's child watcher, which then warns on stderr.
+            for fd in (0, 1, 2):
+                pipe = transport.get_pipe_transport(fd)
+                if pipe is not None:
+                    pipe.close()
 
     async def _lost(self, what: str) -> ConnectionLost:
         # The client may see its stream break before the master, whose connection broke,
