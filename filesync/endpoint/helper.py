@@ -4,17 +4,14 @@
 stdin) in one remote process and keeps it for the whole run: listing, fetching,
 sending and deleting are requests on that one stream, with no per-file round trip.
 
-The shell that starts it first names its pid (``PID_LINE``; the shell then execs
-python3, which keeps that pid and, over SSH, leads its own process group). A remote that
-goes silent, the helper or something posing as python3 that never says hello, is
-killed by that pid through a command of its own, with its process group: nothing of it
-is left running on the remote.
+The shell that starts it first names its pid (``filesync.endpoint.silent``), so that a
+remote that goes silent, the helper or something posing as python3 that never says
+hello, is killed with its process group: nothing of it is left running on the remote.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import struct
 import zlib
@@ -28,6 +25,7 @@ import xxhash
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
+from filesync.endpoint.silent import kill_remote, named, no_hello, pid_line
 from filesync.endpoint.upload_stream import frame_bytes, json_bytes, write_stream
 from filesync.errors import ConnectionLost, RemoteSilent, TransportError
 from filesync.host.faults import crash_point
@@ -55,8 +53,6 @@ CLOSE_TIMEOUT = 10.0
 #: on talking before it is killed (the error message quotes what it said).
 START_TIMEOUT = 5.0
 _GARBAGE = "remote helper sent garbage ({}); check the remote's python3, then rerun"
-#: What the starting shell prints first, followed by its pid and a newline.
-PID_LINE = b"FILESYNC-PID "
 
 
 class NoPython(TransportError):
@@ -75,7 +71,7 @@ class HelperEndpoint:
         self.conduit = conduit
         self.proc = proc
         self.hello = hello
-        #: the remote process's pid, as its starting shell named it (``PID_LINE``)
+        #: the remote process's pid, as its starting shell named it
         self.pid: int | None = None
         #: set once the stream can no longer be trusted; ``close`` then kills at once
         self.broken = False
@@ -102,7 +98,7 @@ class HelperEndpoint:
         the same rule (any other request first reads and drops it). ``watch``: see the
         attribute.
         """
-        proc = await conduit.start(f"echo {PID_LINE.decode()}$$; {bootstrap_command()}")
+        proc = await conduit.start(named(bootstrap_command()))
         first_request = b""
         early: tuple[str, dict[str, Any]] | None = None
         if list_first is not None:
@@ -122,12 +118,12 @@ class HelperEndpoint:
                 # Ended before it took the helper (no python3 exits at once): read what it
                 # said.
                 write_error = exc
-            pid, first = await _pid_line(proc)
+            pid, first = await pid_line(proc)
             if pid is not None:
                 first = await proc.read(1)
         except RemoteSilent as exc:
-            await _kill_remote(conduit, pid)
-            raise _no_hello(conduit) from exc
+            await kill_remote(conduit, pid)
+            raise no_hello(conduit) from exc
         if first == b"J" and write_error is not None:
             raise write_error
         if first != b"J":
@@ -172,8 +168,8 @@ class HelperEndpoint:
             if not isinstance(hello.get("hello"), int) or not isinstance(hello.get("cwd"), str):
                 raise session._garbage("no valid hello")
         except RemoteSilent as exc:
-            await _kill_remote(conduit, pid)
-            raise _no_hello(conduit) from exc
+            await kill_remote(conduit, pid)
+            raise no_hello(conduit) from exc
         except BaseException:
             proc.kill()
             raise
@@ -489,7 +485,7 @@ class HelperEndpoint:
     async def _end_silent(self) -> None:
         """Kill a helper that went silent (see ``_kill_remote``)."""
         if getattr(self.proc, "silent", False):
-            await _kill_remote(self.conduit, self.pid)
+            await kill_remote(self.conduit, self.pid)
 
     async def _goodbye(self) -> None:
         await self._request({"op": "bye"})
@@ -567,44 +563,6 @@ def _outcome(row: object) -> Outcome | None:
         code = parse_reason(row[2])
         return Outcome(row[0], row[1], reason=describe(code, _text(row[3])), code=code)
     return None
-
-
-async def _pid_line(proc: RemoteProcess) -> tuple[int | None, bytes]:
-    """The pid the starting shell printed (``PID_LINE``), or None and the bytes read
-    instead (a startup file that prints: the caller reports what the remote said)."""
-    line = b""
-    while len(line) < len(PID_LINE) + 24 and not line.endswith(b"\n"):
-        byte = await proc.read(1)
-        if not byte:
-            break
-        line += byte
-        if not PID_LINE.startswith(line[:len(PID_LINE)]):
-            return None, line
-    digits = line[len(PID_LINE):-1]
-    if line.startswith(PID_LINE) and line.endswith(b"\n") and digits.isdigit():
-        return int(digits), b""
-    return None, line
-
-
-async def _kill_remote(conduit: Conduit, pid: int | None) -> None:
-    """Kill a silent remote process and its process group by ``pid``, with a command of
-    its own: a signal on the hung channel may never reach it (OpenSSH's client cannot
-    send one; a server may refuse it), and a hung process does not notice its pipes
-    closing. Never raises."""
-    if pid is None or pid <= 1:
-        return
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(conduit.run(
-            f"kill -s KILL -- -{pid} 2>/dev/null || kill -s KILL {pid}"), CLOSE_TIMEOUT)
-
-
-def _no_hello(conduit: Conduit) -> RemoteSilent:
-    idle = getattr(conduit, "idle", None)
-    within = f" within {idle:g} s" if isinstance(idle, float) else ""
-    return RemoteSilent(
-        f"the remote helper never answered{within} (python3 there started but said "
-        "nothing: a wrapper that prompts or hangs?); check that python3 runs there "
-        "without a terminal, or raise --idle-timeout")
 
 
 async def _drain(proc: RemoteProcess, limit: int) -> bytes:

@@ -42,7 +42,7 @@ from filesync.transport.ssh import openssh_errors
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from filesync.transport.ssh.openssh_login import Resolved
+    from filesync.transport.ssh.resolved import Resolved
 
 #: How long a finished client may take to exit, or a dying master to die.
 GRACE = 2.0

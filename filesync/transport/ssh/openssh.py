@@ -47,16 +47,14 @@ from filesync.transport.ssh.openssh_login import (
     ENV_CLIENT,
     LoginKey,
     Pending,
-    Resolved,
     base_args,
     begin,
     choose_client,
-    parse_resolved,
-    resolve_timeout,
     take,
     which_ssh,
 )
 from filesync.transport.ssh.options import check_ssh_options
+from filesync.transport.ssh.resolved import Resolved, parse_resolved, resolve_timeout
 
 __all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "Pending", "begin", "choose_client",
            "connect"]

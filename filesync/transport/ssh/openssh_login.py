@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import pwd
-import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import TransportError, UsageError
-from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
 from filesync.transport.ssh.master import ControlMaster
+from filesync.transport.ssh.resolved import Resolved, resolve_now
 
 #: The environment variable that picks the SSH client when ``--ssh-client`` is not given.
 ENV_CLIENT = "FILESYNC_SSH_CLIENT"
@@ -48,82 +45,6 @@ def choose_client(requested: str | None) -> str:
         raise TransportError("no ssh binary on PATH; install the OpenSSH client "
                              "(openssh-client) or use --ssh-client asyncssh")
     return choice
-
-
-# --------------------------------------------------------------------------- ssh -G
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What ``ssh -G`` says about a destination: the fully resolved client config."""
-
-    alias: str
-    settings: dict[str, list[str]]
-
-    def get(self, key: str, default: str = "") -> str:
-        values = self.settings.get(key)
-        return values[0] if values else default
-
-    @property
-    def host(self) -> str:
-        return self.get("hostname", self.alias)
-
-    @property
-    def user(self) -> str:
-        return self.get("user") or pwd.getpwuid(os.getuid()).pw_name
-
-    @property
-    def port(self) -> int:
-        return int(self.get("port", str(DEFAULT_PORT)))
-
-    @property
-    def label(self) -> str:
-        """``user@alias (host:port)`` as the asyncssh client spells it, for messages."""
-        return ssh_label(self.user, self.alias, self.host, self.port)
-
-    @property
-    def identity(self) -> str:
-        """``ssh://user@host:port``: the same state key as the asyncssh client's."""
-        host = self.host.lower()
-        return f"ssh://{self.user}@{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def files(self, key: str) -> list[Path]:
-        home = pwd.getpwuid(os.getuid()).pw_dir  # ssh expands ~ from the passwd entry
-        out = []
-        for value in self.settings.get(key, []):
-            for item in value.split():
-                if item.lower() != "none":
-                    out.append(Path(re.sub(r"^~(?=/|$)", home, item)))
-        return out
-
-
-def _resolve_now(ssh: str, base: list[str], alias: str) -> Resolved:
-    """``resolve`` without an event loop, for ``begin``."""
-    try:
-        done = subprocess.run([ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=60, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise resolve_timeout(alias) from None
-    return parse_resolved(alias, done.returncode, done.stdout.decode(errors="replace"),
-                     done.stderr.decode(errors="replace"))
-
-
-def resolve_timeout(alias: str) -> TransportError:
-    return TransportError(f"`ssh -G {alias}` did not finish in 60 s; check the Match exec "
-                          "commands in your ssh config")
-
-
-def parse_resolved(alias: str, code: int, out: str, err: str) -> Resolved:
-    if code != 0:
-        lines = [line for line in err.splitlines() if line.strip()]
-        why = lines[0] if lines else f"exit status {code}"
-        raise TransportError(f"ssh cannot use its config for {alias} ({why}); fix the ssh "
-                             f"config (`ssh -G {alias}` shows the same)")
-    settings: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        key, _, value = line.partition(" ")
-        settings.setdefault(key.lower(), []).append(value.strip())
-    return Resolved(alias, settings)
 
 
 def base_args(ssh_config: Path | None, identity: Path | None, user: str | None,
@@ -198,7 +119,7 @@ def begin(
     try:
         pending.ssh = which_ssh()
         pending.base = base_args(ssh_config, identity, user, port)
-        pending.res = _resolve_now(pending.ssh, pending.base, host)
+        pending.res = resolve_now(pending.ssh, pending.base, host)
         if pending.res.get("controlpath", "none") == "none":
             pending.master = ControlMaster.start(
                 pending.ssh, pending.base, pending.res, accept_new=accept_new_host_key,
