@@ -17,11 +17,15 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from filesync.errors import FilesyncError, TransportError, UsageError
 from filesync.transport.base import Conduit
 from filesync.transport.ssh.options import check_ssh_options
+
+if TYPE_CHECKING:
+    from filesync.transport.ssh.openssh_login import Pending
 
 _SCP = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^@/:\[\]]+):(?P<path>.*)$")
 
@@ -124,8 +128,10 @@ class ConnectOptions:
             raise ValueError(f"connect_timeout must be positive, not {self.connect_timeout!r}")
 
 
-async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
-    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh."""
+async def open_conduit(target: Target, opts: ConnectOptions,
+                       login: Pending | None = None) -> Conduit:
+    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh.
+    ``login``: the OpenSSH login the CLI began early for ``target`` (``openssh.begin``)."""
     from filesync.transport.local import CommandConduit, local_conduit
 
     if target.kind == "local":
@@ -143,6 +149,7 @@ async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
             connect_timeout=opts.connect_timeout,
             ssh_options=opts.ssh_options,
             verbose=opts.log,
+            login=login,
         )
     if opts.ssh_options:
         raise UsageError("ssh_options need the system ssh (OpenSSH), not asyncssh; "

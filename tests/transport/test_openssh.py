@@ -533,8 +533,9 @@ async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_p
     assert pending.error is None and pending.master is not None
     workdir = pending.master.workdir
     assert workdir is not None
-    conduit = await openssh.connect("begun", ssh_config=config)
+    conduit = await openssh.connect("begun", ssh_config=config, login=pending)
     try:
+        assert pending.taken
         assert conduit.alive  # the login may still be under way: the first command waits
         done = await conduit.run("echo ok")
         assert (done.returncode, done.stdout) == (0, b"ok\n")
@@ -543,15 +544,21 @@ async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_p
     finally:
         await conduit.close()
     assert not conduit.alive and not workdir.exists()
-    # A second connect finds nothing begun: it logs in by itself.
-    again = await openssh.connect("begun", ssh_config=config)
-    try:
-        assert again.master.workdir != workdir
-    finally:
-        await again.close()
+    # A login is taken over once; one begun with other arguments is ended, not ridden.
+    other = openssh.begin("begun", ssh_config=config, accept_new_host_key=True)
+    for login in (pending, other):
+        again = await openssh.connect("begun", ssh_config=config, login=login)
+        try:
+            assert again.master.workdir not in (workdir, None)
+            assert again.master is not other.master
+        finally:
+            await again.close()
+    assert other.master is not None and not other.master.alive
+    # begun, then one each: the one begun with other arguments had logged in meanwhile
+    assert logins(sshd) == before + 4
 
 
-def test_a_begun_login_nobody_takes_over_ends_with_the_process(
+def test_a_begun_login_nobody_takes_over_or_closes_ends_with_the_process(
     sshd: SshdContainer, tmp_path: Path
 ) -> None:
     config = tmp_path / "config"
@@ -570,11 +577,13 @@ def test_a_begun_login_nobody_takes_over_ends_with_the_process(
     done = run_cli(tmp_path, str(config), code=code)
     assert done.returncode == 0, done.stderr
     workdir = done.stdout.strip()
-    assert workdir and not Path(workdir).exists()
-    deadline = time.monotonic() + 30  # ended at exit; the master may lag a little
+    assert workdir
+    deadline = time.monotonic() + 30  # the process is gone; the master may lag a little
     while (left := _running_with(workdir.encode())) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left
+    # The master removed its socket; only its log is left, which a later run sweeps.
+    assert not (Path(workdir) / "sock").exists()
 
 
 def _running_with(mark: bytes) -> list[str]:

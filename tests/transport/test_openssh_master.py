@@ -77,18 +77,20 @@ def remote_processes(box: SshdContainer) -> list[str]:
     return found
 
 
-def local_processes_with(mark: str) -> list[str]:
-    """Live local processes whose command line contains ``mark``."""
+def masters_of(box: SshdContainer) -> list[str]:
+    """Live local ssh masters for ``box`` (their command line names its ssh config)."""
     found = []
     for entry in os.scandir("/proc"):
         try:
-            if entry.name.isdigit() and mark.encode() in Path(
-                    f"/proc/{entry.name}/cmdline").read_bytes() and Path(
-                    f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()[0] \
-                    not in "ZX":
-                found.append(entry.name)
+            if not entry.name.isdigit():
+                continue
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
+        if (b"ControlMaster=yes" in argv and str(box.ssh_config).encode() in argv
+                and state not in "ZX"):
+            found.append(entry.name)
     return found
 
 
@@ -201,7 +203,6 @@ def test_a_sigkilled_process_leaves_no_master_and_nothing_on_the_remote(
         argv = [sys.executable, "-m", "filesync.cli", "pull", str(tmp_path / "local"),
                 f"{box.alias}:tree", "--state-dir", str(tmp_path / "state"),
                 "-F", str(box.ssh_config), "-v"]
-    before = local_processes_with("ControlMaster=yes")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -210,8 +211,7 @@ def test_a_sigkilled_process_leaves_no_master_and_nothing_on_the_remote(
         else:
             wait_until(lambda: any("python3" in p for p in remote_processes(box)),
                        "the remote helper runs")
-        mine = [pid for pid in local_processes_with("ControlMaster=yes")
-                if pid not in before]
+        mine = masters_of(box)
         assert mine  # filesync's own master
         assert box.session_pids()
     finally:
@@ -220,8 +220,7 @@ def test_a_sigkilled_process_leaves_no_master_and_nothing_on_the_remote(
     took = wait_until(lambda: not box.session_pids() and not remote_processes(box),
                       "the remote has no session and no process left", ORPHAN_DEADLINE)
     print(f"\n[figure] {holder}: remote sessions gone {took:.2f} s after SIGKILL")
-    wait_until(lambda: not set(mine) & set(local_processes_with("ControlMaster=yes")),
-               "the local master is gone", ORPHAN_DEADLINE)
+    wait_until(lambda: not masters_of(box), "the local master is gone", ORPHAN_DEADLINE)
 
 
 # --------------------------------------------------------------------------- the caller's master

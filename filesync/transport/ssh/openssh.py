@@ -50,14 +50,13 @@ from filesync.transport.ssh.openssh_login import (
     base_args,
     begin,
     choose_client,
-    take,
     which_ssh,
 )
 from filesync.transport.ssh.options import check_ssh_options
 from filesync.transport.ssh.resolved import Resolved, parse_resolved, resolve_timeout
 
-__all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "Pending", "begin", "choose_client",
-           "connect"]
+__all__ = ["CLIENTS", "ENV_CLIENT", "ControlMaster", "OpenSshConduit", "Pending", "begin",
+           "choose_client", "connect"]
 
 _STDERR_KEEP = 1 << 20
 _MASTER_LOG_KEEP = 1 << 20
@@ -322,19 +321,25 @@ async def connect(
     connect_timeout: float = 15.0,
     ssh_options: Sequence[str] = (),
     verbose: Callable[[str], None] | None = None,
+    login: Pending | None = None,
 ) -> OpenSshConduit:
     """Log in to ``host`` (a name or ssh_config alias) with ``ssh`` and return the conduit.
 
     ``user``/``port`` are ``-l``/``-p``, ``ssh_config`` is ``-F``, ``identity`` is ``-i``;
     ``ssh_options`` are more ``ssh`` options (``["-o", "ControlPath=PATH"]``: a running
-    master there is ridden, never ended). Takes over a login ``begin`` started with the
-    same arguments, if there is one.
+    master there is ridden, never ended). ``login``: a login ``begin`` started, taken
+    over if it was begun with the same arguments (else it is ended).
     Raises ``TransportError`` with one line naming the cause and the fix.
     """
     say = verbose or (lambda _msg: None)
     key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key,
                      connect_timeout)
-    pending = None if ssh_options else take(key)
+    pending = login
+    if pending is not None and (pending.taken or pending.key != key or ssh_options):
+        pending.close()  # begun for something else: not this connection's login
+        pending = None
+    if pending is not None:
+        pending.taken = True
     if pending is None:
         ssh = which_ssh()
         base = base_args(ssh_config, identity, user, port) + check_ssh_options(ssh_options)

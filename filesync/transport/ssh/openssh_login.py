@@ -3,10 +3,11 @@
 Guarantees:
 
 - ``begin`` starts a login without an event loop and returns at once (the CLI calls it
-  before it imports the engine, so ssh's handshake overlaps filesync's own start);
-  ``connect`` (``openssh``) with the same arguments takes it over and raises what went
-  wrong exactly as a login it started itself would. A login nobody takes over ends when
-  the process exits.
+  before it imports the engine, so ssh's handshake overlaps filesync's own start). It
+  returns an explicit handle, ``Pending``, that the caller passes down to ``connect``
+  (``openssh``; no registry): with the same arguments, ``connect`` takes it over and
+  raises what went wrong exactly as a login it started itself would. A login nobody
+  takes over is ended by ``Pending.close``, or else with the process.
 - Readiness needs no mux round trip: the master's control socket appears once it is
   logged in (``master.ControlMaster``).
 - Every failure is one ``TransportError`` line (see ``openssh_errors``).
@@ -17,7 +18,6 @@ before anything heavier; the waiting half is ``openssh.connect``.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 from dataclasses import dataclass
@@ -80,8 +80,9 @@ LoginKey = tuple[str, str | None, int | None, Path | None, Path | None, bool, fl
 
 @dataclass
 class Pending:
-    """A login under way: ``begin`` spawned it, ``connect`` (with the same arguments)
-    finishes it. ``error`` is what ``begin`` ran into, raised by ``connect``."""
+    """A login under way: ``begin`` spawned it, and the caller hands it to ``connect``
+    (through ``open_conduit(..., login=)``), which finishes it; ``error`` is what
+    ``begin`` ran into, raised by ``connect``. ``close`` ends it if nobody took it."""
 
     key: LoginKey
     ssh: str = ""
@@ -91,10 +92,16 @@ class Pending:
     #: filesync's own master, logging in; None when the user's config names a ControlPath
     #: (``connect`` looks for the user's running master first)
     master: ControlMaster | None = None
+    #: set by the ``connect`` that took the login over (the conduit then owns the master)
+    taken: bool = False
 
-
-_PENDING: dict[LoginKey, list[Pending]] = {}
-_AT_EXIT = False
+    def close(self) -> None:
+        """End the login unless a conduit took it over (the command failed before it
+        connected). Without an event loop; idempotent. A login nobody closes still ends
+        with the process (``master.ControlMaster``)."""
+        if not self.taken and self.master is not None:
+            self.taken = True
+            self.master.stop_now()
 
 
 def begin(
@@ -110,11 +117,12 @@ def begin(
     """Start logging in to ``host`` now, without an event loop, and return at once.
 
     The CLI calls this right after parsing, so that ssh's handshake runs while the rest
-    of filesync is imported and the host is walked. A later ``connect`` with the same
-    arguments takes the login over (and raises what went wrong, as it would have).
-    Never raises; a login nobody takes over is ended when the process exits.
+    of filesync is imported and the host is walked; it passes the handle down to the
+    ``connect`` of that host, which takes the login over if its arguments are the same
+    (and raises what went wrong, as it would have). Never raises.
     """
-    key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key, connect_timeout)
+    key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key,
+                     connect_timeout)
     pending = Pending(key)
     try:
         pending.ssh = which_ssh()
@@ -126,29 +134,4 @@ def begin(
                 connect_timeout=connect_timeout)
     except TransportError as exc:
         pending.error = exc
-    global _AT_EXIT
-    if not _AT_EXIT:
-        _AT_EXIT = atexit.register(end_unused) is not None
-    _PENDING.setdefault(key, []).append(pending)
     return pending
-
-
-def take(key: LoginKey) -> Pending | None:
-    """The login ``begin`` started with ``key``, handed over once (None if there is none)."""
-    queue = _PENDING.get(key)
-    if not queue:
-        return None
-    pending = queue.pop(0)
-    if not queue:
-        del _PENDING[key]
-    return pending
-
-
-def end_unused() -> None:
-    """End the logins ``begin`` started that no ``connect`` took over (the command failed
-    before it connected). Run by ``filesync.cli.main`` after each command, and at exit."""
-    for queue in list(_PENDING.values()):
-        for pending in queue:
-            if pending.master is not None:
-                pending.master.stop_now()
-    _PENDING.clear()
