@@ -483,9 +483,12 @@ class HelperEndpoint:
             self.proc.kill()
 
     async def _end_silent(self) -> None:
-        """Kill a helper that went silent (see ``_kill_remote``)."""
+        """Kill a helper that went silent (``filesync.endpoint.silent.kill_remote``), by
+        the pid its starting shell named, else by the one in its hello."""
         if getattr(self.proc, "silent", False):
-            await kill_remote(self.conduit, self.pid)
+            pid = self.hello.get("pid")
+            await kill_remote(self.conduit, self.pid if self.pid is not None else
+                              pid if type(pid) is int else None)
 
     async def _goodbye(self) -> None:
         await self._request({"op": "bye"})
