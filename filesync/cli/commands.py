@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from filesync.cli.config import load_config
 from filesync.cli.jsonout import document, pair_json
@@ -37,28 +37,11 @@ from filesync.sync.engine import Options, Report, plan_row, run_pass
 from filesync.sync.progress import tty_progress
 from filesync.transport.base import Conduit
 from filesync.transport.pool import Conduits
-from filesync.transport.target import (
-    ConnectOptions,
-    Target,
-    open_conduit,
-    parse_remote,
-    via_error,
-)
-
-if TYPE_CHECKING:
-    from filesync.transport.ssh.openssh_login import Pending
+from filesync.transport.target import Target, parse_remote, via_error
 
 
 class SessionConduits(Conduits):
-    """The CLI's pool: a conduit per run; releasing it ends the helper session on it.
-    ``logins``: the OpenSSH logins the CLI began early, per target, each handed to the
-    first connection to its target."""
-
-    def __init__(self, logins: dict[Target, Pending] | None = None) -> None:
-        self._logins = dict(logins or {})
-
-    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
-        return await open_conduit(target, opts, self._logins.pop(target, None)), False
+    """The CLI's pool: a conduit per run; releasing it ends the helper session on it."""
 
     async def end(self, conduit: Conduit, healthy: bool) -> None:
         await drop_session(conduit, polite=healthy)
