@@ -554,8 +554,9 @@ async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_p
         finally:
             await again.close()
     assert other.master is not None and not other.master.alive
-    # begun, then one each: the one begun with other arguments had logged in meanwhile
-    assert logins(sshd) == before + 4
+    # begun, then one each (the one begun with other arguments may have logged in too,
+    # before it was ended)
+    assert logins(sshd) - before in (3, 4)
 
 
 def test_a_begun_login_nobody_takes_over_or_closes_ends_with_the_process(
