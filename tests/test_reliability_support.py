@@ -212,8 +212,8 @@ def cutting(plan: CutPlan) -> Iterator[CutPlan]:
     """Make every CLI run in this block use a ``CuttingConduit`` driven by ``plan``."""
     real = filesync.transport.pool.open_conduit
 
-    async def wrapped(target: Any, opts: Any) -> Conduit:
-        return CuttingConduit(await real(target, opts), plan)
+    async def wrapped(target: Any, opts: Any, login: Any = None) -> Conduit:
+        return CuttingConduit(await real(target, opts, login), plan)
 
     filesync.transport.pool.open_conduit = wrapped  # type: ignore[assignment]
     try:

@@ -25,6 +25,7 @@ from filesync.version import __version__
 if TYPE_CHECKING:
     from filesync.cli.settings import Request
     from filesync.transport.pool import Conduits
+    from filesync.transport.ssh.openssh_login import Pending
     from filesync.transport.target import Target
 
 #: Commands that may run through the persistent agent (``--persist``).
@@ -201,13 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if code is not None:
                 return code
         elif args.command in AGENT_COMMANDS:
-            _begin_logins(args)
+            logins = _begin_logins(args)
             try:
-                return _dispatch(args)
+                return _dispatch(args, logins)
             finally:
-                from filesync.transport.ssh.openssh_login import end_unused
-
-                end_unused()  # a command that failed before it connected leaves none behind
+                for login in logins.values():
+                    login.close()  # a command that failed before it connected leaves none
         return _dispatch(args)
     except BaseException as exc:
         return handle_failure(exc, json_mode)
@@ -298,33 +298,37 @@ def _fail(exc: FilesyncError, json_mode: bool) -> None:
         print(json.dumps(failed_document(exc.message, exc.exit_code)))
 
 
-def _begin_logins(args: argparse.Namespace) -> None:
+def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
     """Start the system ssh's logins now, before the engine is imported: the handshake then
     runs while filesync loads and walks the host, instead of after. ``connect`` takes each
     login over (and reports its failure, in the usual order: a usage error comes first).
-    Only for plain ``LOCAL REMOTE`` commands over OpenSSH; anything else connects later."""
+    Only for plain ``LOCAL REMOTE`` commands over OpenSSH; anything else connects later.
+    Returns the logins by target, for the command's pool to hand each to its connection."""
     if args.config is not None or args.via is not None or args.local is None:
-        return
+        return {}
     # Light on purpose (no asyncio): nothing slower may run before the spawn.
     from filesync.transport.ssh import openssh_login as openssh
     from filesync.transport.target import ConnectOptions, parse_remote
 
     try:
         if openssh.choose_client(args.ssh_client) != "openssh":
-            return
+            return {}
         targets = [parse_remote(text) for text in
                    ([args.remote] if isinstance(args.remote, str) else args.remote or [])]
     except FilesyncError:
-        return  # reported by the command itself, in its usual place
+        return {}  # reported by the command itself, in its usual place
     timeout = ConnectOptions().connect_timeout
+    logins: dict[Target, Pending] = {}
     for target in targets:
-        if target.kind == "ssh":
-            openssh.begin(target.host, target.user, target.port,
-                          ssh_config=_absolute(args.ssh_config), identity=_absolute(args.identity),
-                          accept_new_host_key=args.accept_new_host_key, connect_timeout=timeout)
+        if target.kind == "ssh" and target not in logins:
+            logins[target] = openssh.begin(
+                target.host, target.user, target.port, ssh_config=_absolute(args.ssh_config),
+                identity=_absolute(args.identity), accept_new_host_key=args.accept_new_host_key,
+                connect_timeout=timeout)
+    return logins
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, logins: dict[Target, Pending] | None = None) -> int:
     if args.command == "profile-snippet":
         from filesync.profile_d import profile_snippet
 
@@ -347,9 +351,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_watch(request_from(args))
     import asyncio
 
-    from filesync.cli.commands import run_command
+    from filesync.cli.commands import SessionConduits, run_command
 
-    return asyncio.run(run_command(request_from(args)))
+    return asyncio.run(run_command(request_from(args), SessionConduits(logins)))
 
 
 def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:

@@ -3,12 +3,15 @@
 ``HelperEndpoint.start`` launches the helper (``python3 -c``, its source fed on
 stdin) in one remote process and keeps it for the whole run: listing, fetching,
 sending and deleting are requests on that one stream, with no per-file round trip.
+
+The shell that starts it first names its pid (``filesync.endpoint.silent``), so that a
+remote that goes silent, the helper or something posing as python3 that never says
+hello, is killed with its process group: nothing of it is left running on the remote.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -20,8 +23,9 @@ import xxhash
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import FILE, Entry, Listing, Skipped
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
+from filesync.endpoint.silent import kill_remote, named, no_hello, pid_line
 from filesync.endpoint.upload_stream import write_stream
-from filesync.errors import ConnectionLost, TransportError
+from filesync.errors import ConnectionLost, RemoteSilent, TransportError
 from filesync.host.faults import crash_point
 from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
@@ -75,6 +79,8 @@ class HelperEndpoint:
         self.conduit = conduit
         self.proc = proc
         self.hello = hello
+        #: the remote process's pid, as its starting shell named it
+        self.pid: int | None = None
         #: set once the stream can no longer be trusted; ``close`` then kills at once
         self.broken = False
         #: the listing request sent ahead (``start(list_first=...)``, ``prefetch_list``)
@@ -100,7 +106,7 @@ class HelperEndpoint:
         the same rule (any other request first reads and drops it). ``watch``: see the
         attribute.
         """
-        proc = await conduit.start(bootstrap_command())
+        proc = await conduit.start(named(bootstrap_command()))
         first_request = b""
         early: _Early | None = None
         if list_first is not None:
@@ -112,12 +118,20 @@ class HelperEndpoint:
             first_request = frame(b"J", encode_json(req))
         first_request = _keepalive_request(conduit) + first_request
         write_error: ConnectionLost | None = None
+        pid: int | None = None
         try:
-            await proc.write(payload() + first_request)
-        except ConnectionLost as exc:
-            # Ended before it took the helper (no python3 exits at once): read what it said.
-            write_error = exc
-        first = await proc.read(1)
+            try:
+                await proc.write(payload() + first_request)
+            except ConnectionLost as exc:
+                # Ended before it took the helper (no python3 exits at once): read what it
+                # said.
+                write_error = exc
+            pid, first = await pid_line(proc)
+            if pid is not None:
+                first = await proc.read(1)
+        except RemoteSilent as exc:
+            await kill_remote(conduit, pid)
+            raise no_hello(conduit) from exc
         if first == b"J" and write_error is not None:
             raise write_error
         if first != b"J":
@@ -156,10 +170,14 @@ class HelperEndpoint:
                 "remote's shell startup files print nothing and that python3 runs there"
             )
         session = cls(conduit, proc, {})
+        session.pid = pid
         try:
             hello = await session._payload(first)
             if not isinstance(hello.get("hello"), int) or not isinstance(hello.get("cwd"), str):
                 raise session._garbage("no valid hello")
+        except RemoteSilent as exc:
+            await kill_remote(conduit, pid)
+            raise no_hello(conduit) from exc
         except BaseException:
             proc.kill()
             raise
@@ -461,14 +479,12 @@ class HelperEndpoint:
             self.proc.kill()
 
     async def _end_silent(self) -> None:
-        """Kill a helper that went silent by its pid (from the hello), with a command of
-        its own: a signal on the hung channel may never reach it (a transport that does
-        not forward signals, a server that refuses them), and a hung process does not
-        notice its pipes closing."""
-        pid = self.hello.get("pid")
-        if getattr(self.proc, "silent", False) and type(pid) is int and pid > 1:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.conduit.run(f"kill -KILL {pid}"), CLOSE_TIMEOUT)
+        """Kill a helper that went silent (``filesync.endpoint.silent.kill_remote``), by
+        the pid its starting shell named, else by the one in its hello."""
+        if getattr(self.proc, "silent", False):
+            pid = self.hello.get("pid")
+            await kill_remote(self.conduit, self.pid if self.pid is not None else
+                              pid if type(pid) is int else None)
 
     async def _goodbye(self) -> None:
         await self._request({"op": Op.BYE.value})

@@ -1,16 +1,18 @@
 """The idle deadline: a remote that owes bytes and sends nothing for too long is hung.
 
-``IdleConduit`` wraps the conduit an endpoint runs on; every process it starts is an
-``IdleProcess``, whose reads (the remote owes a reply, a frame of a fetch, a command's
-output, its exit status) and writes (the remote owes reading what it was sent) each get
+``IdleConduit`` wraps the conduit an endpoint runs on. Starting a process (once the
+login is done) gets ``idle`` seconds; every process it starts is an ``IdleProcess``,
+whose reads (the remote owes a reply, a frame of a fetch, a command's output, its exit
+status) and writes (the remote owes reading what it was sent) each get
 ``idle`` seconds. A read waits for at most ``SLICE`` bytes at a time, so the deadline
 measures silence, not how long a big frame takes on a slow link: a link that moves less
 than ``SLICE`` bytes in ``idle`` seconds counts as silent. A write is one buffer of at
 most 1 MiB (``filesync.tree.wire.CHUNK``), bounded whole.
 
 When the deadline passes the process is killed (over SSH: the server is asked to SIGKILL
-the command and its channel is closed; the helper endpoint then also kills it by the pid
-of its hello, through a command of its own) and ``RemoteSilent`` is raised;
+the command, where the client can ask that, and its channel is closed; the helper
+endpoint then also kills it, with its process group, by the pid its starting shell
+named, through a command of its own) and ``RemoteSilent`` is raised;
 the pass stops there, between journaled steps, like any lost connection. The helper
 (``filesync.tree.server``) sends keepalive frames while it works, so slow honest work
 never trips the deadline; the POSIX fallback's commands (find, tar, sh) produce output
@@ -113,7 +115,18 @@ class IdleConduit(Conduit):
         self.idle = check_idle_timeout(idle)
 
     async def start(self, command: str) -> RemoteProcess:
-        return IdleProcess(await self.inner.start(command), self)
+        # The login first, unbounded here (see ``Conduit.logged_in``); then starting the
+        # command is a wait like any other (a channel the server never confirms).
+        await self.inner.logged_in()
+        try:
+            async with asyncio.timeout(self.idle):
+                proc = await self.inner.start(command)
+        except TimeoutError:
+            raise RemoteSilent(silent_message(self.idle)) from None
+        return IdleProcess(proc, self)
+
+    async def logged_in(self) -> None:
+        await self.inner.logged_in()
 
     async def close(self) -> None:
         await self.inner.close()

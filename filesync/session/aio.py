@@ -58,6 +58,7 @@ from filesync.session.watch import WatchLoop
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.transport.base import Conduit
 from filesync.transport.local import CommandConduit
+from filesync.transport.ssh.options import check_ssh_options
 from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote
 
 #: Where a session's connection comes from: a conduit, or a factory that opens one.
@@ -117,6 +118,9 @@ class AsyncSession:
     ``via``: a command that reaches the remote's shell (``"docker exec -i box"``);
     ``remote`` is then the base path there. ``conduit``: a custom transport (a ``Conduit``
     or an async factory of one); ``remote`` is then the base path (default ``"."``).
+    ``ssh_options``: more options for the system ssh, such as ``["-o",
+    "ControlPath=PATH"]``: a master running there (the caller's own) is ridden, with no
+    second login, and never ended by the session.
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class AsyncSession:
         timeout: float | None = None,
         lock_timeout: float = 60.0,
         connect_timeout: float = 15.0,
+        ssh_options: Sequence[str] = (),
         force: bool = False,
         max_file_size: int = 1 << 30,
         max_pull_bytes: int = 2 << 30,
@@ -162,6 +167,7 @@ class AsyncSession:
         self._connect = ConnectOptions(
             ssh_config=_path(ssh_config), identity=_path(identity),
             accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, log=log,
+            ssh_options=tuple(check_ssh_options(ssh_options)),
         )
         self._rules = Rules(tuple(exclude), default_excludes)
         self.state_dir = state_dir_of(state_dir)

@@ -77,6 +77,7 @@ class Session:
         timeout: float | None = None,
         lock_timeout: float = 60.0,
         connect_timeout: float = 15.0,
+        ssh_options: list[str] | tuple[str, ...] = (),
         force: bool = False,
         max_file_size: int = 1 << 30,
         max_pull_bytes: int = 2 << 30,
@@ -87,7 +88,8 @@ class Session:
             remote, conduit=conduit, ssh_config=ssh_config, identity=identity, via=via,
             state_dir=state_dir, exclude=exclude, default_excludes=default_excludes,
             accept_new_host_key=accept_new_host_key, timeout=timeout,
-            lock_timeout=lock_timeout, connect_timeout=connect_timeout, force=force,
+            lock_timeout=lock_timeout, connect_timeout=connect_timeout,
+            ssh_options=ssh_options, force=force,
             max_file_size=max_file_size, max_pull_bytes=max_pull_bytes, watch=watch, log=log,
         )
         self._guard = threading.Lock()  # the loop's start and stop, and ``_closed``

@@ -63,6 +63,11 @@ class Conduit(abc.ABC):
     async def start(self, command: str) -> RemoteProcess:
         """Start ``command`` (a POSIX shell command line) with piped stdio."""
 
+    async def logged_in(self) -> None:  # noqa: B027 - optional: most conduits log in at once
+        """Wait until the connection is up (a login still under way has finished), or
+        raise why it failed. A login bounds itself (connect timeout) but may wait for a
+        human at a passphrase prompt; the idle deadline starts after it."""
+
     async def run(self, command: str, stdin: bytes = b"") -> Completed:
         """Run ``command`` to completion and collect its output."""
         proc = await self.start(command)

@@ -13,16 +13,26 @@ closing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from filesync.transport.base import Conduit
 from filesync.transport.target import ConnectOptions, Target, open_conduit
 
+if TYPE_CHECKING:
+    from filesync.transport.ssh.openssh_login import Pending
+
 
 class Conduits:
-    """Opens a conduit per ``acquire``; ``release`` ends what runs on it and closes it."""
+    """Opens a conduit per ``acquire``; ``release`` ends what runs on it and closes it.
+    ``logins``: OpenSSH logins begun early (the CLI's, ``openssh.begin``), per target,
+    each handed to the first connection to its target."""
+
+    def __init__(self, logins: dict[Target, Pending] | None = None) -> None:
+        self._logins = dict(logins or {})
 
     async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
         """A conduit to ``target`` and whether it was reused (never, here)."""
-        return await open_conduit(target, opts), False
+        return await open_conduit(target, opts, self._logins.pop(target, None)), False
 
     async def release(self, conduit: Conduit, healthy: bool) -> None:
         """Done with ``conduit``; ``healthy``: its last use ended well, so end it politely."""

@@ -14,13 +14,18 @@ import copy
 import os
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from filesync.errors import FilesyncError, TransportError, UsageError
 from filesync.transport.base import Conduit
+from filesync.transport.ssh.options import check_ssh_options
+
+if TYPE_CHECKING:
+    from filesync.transport.ssh.openssh_login import Pending
 
 _SCP = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^@/:\[\]]+):(?P<path>.*)$")
 
@@ -117,14 +122,18 @@ class ConnectOptions:
     connect_timeout: float = 15.0
     log: Callable[[str], None] | None = field(default=None, compare=False)
     ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
+    #: more ``ssh`` options (the system ssh only), such as ("-o", "ControlPath=PATH")
+    ssh_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.connect_timeout > 0:
             raise ValueError(f"connect_timeout must be positive, not {self.connect_timeout!r}")
 
 
-async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
-    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh."""
+async def open_conduit(target: Target, opts: ConnectOptions,
+                       login: Pending | None = None) -> Conduit:
+    """Open the conduit for ``target``. Only the asyncssh client pulls in asyncssh.
+    ``login``: the OpenSSH login the CLI began early for ``target`` (``openssh.begin``)."""
     from filesync.transport.local import CommandConduit, local_conduit
 
     if target.kind == "local":
@@ -140,8 +149,13 @@ async def open_conduit(target: Target, opts: ConnectOptions) -> Conduit:
             identity=opts.identity,
             accept_new_host_key=opts.accept_new_host_key,
             connect_timeout=opts.connect_timeout,
+            ssh_options=opts.ssh_options,
             verbose=opts.log,
+            login=login,
         )
+    if opts.ssh_options:
+        raise UsageError("ssh_options need the system ssh (OpenSSH), not asyncssh; "
+                         "leave them out or use ssh_client='openssh'")
     from filesync.transport.ssh import conduit as ssh
 
     return await ssh.connect(
@@ -164,15 +178,18 @@ async def open_ssh(
     accept_new_host_key: bool = False,
     ssh_client: str | None = None,
     connect_timeout: float = 15.0,
+    ssh_options: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
 ) -> Conduit:
     """An authenticated SSH conduit to ``host`` (a Host of the ssh config, or a hostname),
     over the CLI's client: the system OpenSSH client whenever ``ssh`` is on PATH (the
     user's whole config applies; one ControlMaster, every remote process a multiplexed
     session on it), else asyncssh; ``ssh_client`` ("openssh", "asyncssh") or
-    ``$FILESYNC_SSH_CLIENT`` chooses. Paths take ``str`` or ``os.PathLike`` and expand
-    ``~``. Raises ``TransportError`` (one line: the cause and the fix) when it cannot log
-    in, ``UsageError`` for an unknown client. Close the conduit when done."""
+    ``$FILESYNC_SSH_CLIENT`` chooses. ``ssh_options``: more options for the system ssh
+    (``["-o", "ControlPath=PATH"]`` rides the caller's running master, and leaves it
+    running). Paths take ``str`` or ``os.PathLike`` and expand ``~``. Raises
+    ``TransportError`` (one line: the cause and the fix) when it cannot log in,
+    ``UsageError`` for an unknown client. Close the conduit when done."""
     def path(p: str | os.PathLike[str] | None) -> Path | None:
         return None if p is None else Path(os.path.expanduser(os.fspath(p))).absolute()
 
@@ -180,5 +197,6 @@ async def open_ssh(
         Target("ssh", ".", host, user, port),
         ConnectOptions(ssh_config=path(ssh_config), identity=path(identity),
                        accept_new_host_key=accept_new_host_key,
-                       connect_timeout=connect_timeout, log=log, ssh_client=ssh_client),
+                       connect_timeout=connect_timeout, log=log, ssh_client=ssh_client,
+                       ssh_options=tuple(check_ssh_options(ssh_options))),
     )

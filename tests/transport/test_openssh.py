@@ -486,7 +486,7 @@ def test_client_choice_errors_are_one_line(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the cold start
 
 
-def test_the_login_starts_before_the_engine_is_imported_and_needs_no_mux_requests(
+def test_the_login_starts_before_the_engine_is_imported_and_its_only_mux_request_is_exit(
     sshd: SshdContainer, tmp_path: Path
 ) -> None:
     # Every ssh the run spawns is logged by a wrapper first on PATH.
@@ -520,7 +520,9 @@ def test_the_login_starts_before_the_engine_is_imported_and_needs_no_mux_request
     assert snapshot(run.remote) == expected(run)
     lines = calls.read_text().splitlines()
     assert sum(" -G " in f" {line} " for line in lines) == 2, lines  # one per run
-    assert not [line for line in lines if " -O " in f" {line} "], lines
+    # Readiness needs no mux round trip; the run's end is one `ssh -O exit` on the socket.
+    mux = [line for line in lines if " -O " in f" {line} "]
+    assert len(mux) == 2 and all(" -O exit " in line for line in mux), lines
 
 
 async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_path: Path) -> None:
@@ -528,26 +530,36 @@ async def test_a_begun_login_is_taken_over_by_connect(sshd: SshdContainer, tmp_p
     config.write_text(block("begun", sshd))
     before = logins(sshd)
     pending = openssh.begin("begun", ssh_config=config)
-    assert pending.error is None and pending.proc is not None and pending.workdir is not None
-    conduit = await openssh.connect("begun", ssh_config=config)
+    assert pending.error is None and pending.master is not None
+    workdir = pending.master.workdir
+    assert workdir is not None
+    conduit = await openssh.connect("begun", ssh_config=config, login=pending)
     try:
+        assert pending.taken
         assert conduit.alive  # the login may still be under way: the first command waits
         done = await conduit.run("echo ok")
         assert (done.returncode, done.stdout) == (0, b"ok\n")
-        assert conduit.master.workdir == pending.workdir
+        assert conduit.master is pending.master
         assert logins(sshd) == before + 1
     finally:
         await conduit.close()
-    assert not conduit.alive and not pending.workdir.exists()
-    # A second connect finds nothing begun: it logs in by itself.
-    again = await openssh.connect("begun", ssh_config=config)
-    try:
-        assert again.master.workdir != pending.workdir
-    finally:
-        await again.close()
+    assert not conduit.alive and not workdir.exists()
+    # A login is taken over once; one begun with other arguments is ended, not ridden.
+    other = openssh.begin("begun", ssh_config=config, accept_new_host_key=True)
+    for login in (pending, other):
+        again = await openssh.connect("begun", ssh_config=config, login=login)
+        try:
+            assert again.master.workdir not in (workdir, None)
+            assert again.master is not other.master
+        finally:
+            await again.close()
+    assert other.master is not None and not other.master.alive
+    # begun, then one each (the one begun with other arguments may have logged in too,
+    # before it was ended)
+    assert logins(sshd) - before in (3, 4)
 
 
-def test_a_begun_login_nobody_takes_over_ends_with_the_process(
+def test_a_begun_login_nobody_takes_over_or_closes_ends_with_the_process(
     sshd: SshdContainer, tmp_path: Path
 ) -> None:
     config = tmp_path / "config"
@@ -557,17 +569,22 @@ def test_a_begun_login_nobody_takes_over_ends_with_the_process(
         "from pathlib import Path\n"
         "from filesync.transport.ssh import openssh\n"
         "p = openssh.begin('orphan', ssh_config=Path(sys.argv[1]))\n"
-        "assert p.proc is not None and p.proc.wait() == 0\n"
-        "print(p.workdir)\n"
+        "assert p.master is not None and p.master.workdir is not None\n"
+        "while not (p.master.workdir / 'sock').exists():\n"  # logged in
+        "    assert p.master.alive\n"
+        "    time.sleep(0.01)\n"
+        "print(p.master.workdir)\n"
     )
     done = run_cli(tmp_path, str(config), code=code)
     assert done.returncode == 0, done.stderr
     workdir = done.stdout.strip()
-    assert workdir and not Path(workdir).exists()
-    deadline = time.monotonic() + 30  # SIGTERM was sent at exit; the master may lag a little
+    assert workdir
+    deadline = time.monotonic() + 30  # the process is gone; the master may lag a little
     while (left := _running_with(workdir.encode())) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left
+    # The master removed its socket; only its log is left, which a later run sweeps.
+    assert not (Path(workdir) / "sock").exists()
 
 
 def _running_with(mark: bytes) -> list[str]:
@@ -600,8 +617,9 @@ def test_a_command_failing_before_it_connects_ends_its_begun_login(
         "    return begun[-1]\n"
         "login.begin = begin\n"
         "rc = main(sys.argv[1:])\n"  # a dangling LOCAL: a usage error, after the begin
-        "print(json.dumps({'rc': rc, 'dirs': [str(p.workdir) for p in begun],\n"
-        "                  'left': [str(p.workdir) for p in begun if p.workdir.exists()]}))\n"
+        "dirs = [p.master.workdir for p in begun if p.master is not None]\n"
+        "print(json.dumps({'rc': rc, 'dirs': [str(d) for d in dirs],\n"
+        "                  'left': [str(d) for d in dirs if d.exists()]}))\n"
     )
     done = run_cli(run.home, "push", str(not_a_dir), run.spec, "-q", "--state-dir",
                    str(run.state), "-F", str(run.config), code=code)

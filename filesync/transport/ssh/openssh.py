@@ -7,15 +7,15 @@ Guarantees:
   connection. filesync passes ``-F``, ``-i``, ``-l`` and ``-p`` when given and otherwise
   sets an option only where the user's config (read with ``ssh -G``, which opens no
   connection) leaves a gap, or where it must (listed in docs/ssh.md).
-- One login per conduit: the first step starts a ControlMaster (``-M -N -f``) whose socket
-  lives in a private 0700 directory; every ``start()`` is an ``ssh`` client riding it
+- One login per conduit: the first step starts filesync's own ControlMaster, its socket
+  in a private 0700 directory; every ``start()`` is an ``ssh`` client riding it
   (``-T -e none -x``: no pty, no escape character, a binary-clean stream). If the user's
-  config already points at a running master (``ControlPath`` + ``ssh -O check``), the
-  conduit rides that one and leaves it running. ``close()`` ends filesync's own master
-  (SIGTERM: what ``ssh -O exit`` does, without spawning a client for it); should
-  filesync die instead, the master exits by itself once idle for ``_IDLE_PERSIST``
-  seconds. The login may have been started earlier by ``begin`` (``openssh_login``),
-  which ``connect`` takes over.
+  config, or the caller's ``ssh_options``, point at a running master (``ControlPath`` +
+  ``ssh -O check``), the conduit rides that one and leaves it running. ``close()`` ends
+  filesync's own master through its control socket (``ssh -O exit``); should the process
+  die instead, SIGKILL included, the master goes with it (``master.ControlMaster``). The
+  login may have been started earlier by ``begin`` (``openssh_login``), which
+  ``connect`` takes over.
 - Host keys: an unknown key is refused (``StrictHostKeyChecking ask`` becomes ``yes``,
   so ssh never asks mid-run), ``--accept-new-host-key`` is ``accept-new``, a changed key
   is always refused. Every failure to connect is one ``TransportError`` line with the
@@ -34,40 +34,29 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import re
-import shutil
 import signal
-import subprocess
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from filesync.errors import ConnectionLost, TransportError
+from filesync.errors import ConnectionLost
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.ssh import openssh_errors
+from filesync.transport.ssh.master import GRACE, ControlMaster, run_ssh, session_overrides
 from filesync.transport.ssh.openssh_login import (
-    _GRACE,
     CLIENTS,
     ENV_CLIENT,
+    LoginKey,
     Pending,
-    Resolved,
-    _base_args,
-    _context,
-    _find_master,
-    _Key,
-    _Master,
-    _pid_alive,
-    _resolve_timeout,
-    _resolved,
-    _spawn_master,
-    _take,
-    _which_ssh,
+    base_args,
     begin,
     choose_client,
+    which_ssh,
 )
+from filesync.transport.ssh.options import check_ssh_options
+from filesync.transport.ssh.resolved import Resolved, parse_resolved, resolve_timeout
 
-__all__ = ["CLIENTS", "ENV_CLIENT", "OpenSshConduit", "Pending", "begin", "choose_client",
-           "connect"]
+__all__ = ["CLIENTS", "ENV_CLIENT", "ControlMaster", "OpenSshConduit", "Pending", "begin",
+           "choose_client", "connect"]
 
 _STDERR_KEEP = 1 << 20
 _MASTER_LOG_KEEP = 1 << 20
@@ -149,7 +138,7 @@ class OpenSshProcess(RemoteProcess):
         if not data:
             # EOF from a dropped connection is no end of output: say so, as asyncssh does.
             with contextlib.suppress(TimeoutError):
-                code = await asyncio.wait_for(self._proc.wait(), _GRACE)
+                code = await asyncio.wait_for(self._proc.wait(), GRACE)
                 if code == 255 and await self._conduit._master_gone():
                     raise await self._conduit._lost("ended mid-stream")
         self._conduit._received += len(data)
@@ -166,15 +155,27 @@ class OpenSshProcess(RemoteProcess):
         return code
 
     def kill(self) -> None:
-        # The client only: the master then closes the channel, which ends the remote command.
+        # The client only: the master then sends the remote command end of input and
+        # stops forwarding its output. A command that ignores that keeps its channel open,
+        # and the master our pipes (a mux client hands its own over): closing our ends
+        # lets ``wait()`` return all the same. Ending such a command on the remote is the
+        # caller's business (the helper endpoint kills it by its pid).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
+        transport = getattr(self._proc, "_transport", None)  # no public way to it
+        if transport is not None:
+            # The pipes only: closing the whole transport would reap the process under
+            # asyncio's child watcher, which then warns on stderr.
+            for fd in (0, 1, 2):
+                pipe = transport.get_pipe_transport(fd)
+                if pipe is not None:
+                    pipe.close()
 
     async def _lost(self, what: str) -> ConnectionLost:
         # The client may see its stream break before the master, whose connection broke,
         # has exited: let both settle before telling a lost connection from a dead command.
         with contextlib.suppress(TimeoutError):
-            if await asyncio.wait_for(self._proc.wait(), _GRACE) == 255:
+            if await asyncio.wait_for(self._proc.wait(), GRACE) == 255:
                 await self._conduit._master_gone()
         return await self._conduit._lost(what)
 
@@ -186,16 +187,15 @@ class OpenSshConduit(Conduit):
     """A conduit whose commands are ``ssh`` clients sharing one ControlMaster."""
 
     def __init__(self, ssh: str, base: list[str], resolved: Resolved,
-                 master: _Master | asyncio.Future[_Master],
-                 verbose: Callable[[str], None]) -> None:
+                 master: ControlMaster, verbose: Callable[[str], None],
+                 login: asyncio.Future[None] | None = None) -> None:
         self.ssh = ssh
-        self.base = base  # -F/-i/-l/-p, as the user gave them
+        self.base = base  # -F/-i/-l/-p and the caller's ssh options, as given
         self.resolved = resolved
+        self.master = master
         # A login still under way (``connect`` took over one ``begin`` started) is waited
         # for by the first ``start()``: the caller walks the host meanwhile.
-        self._master: _Master | None = master if isinstance(master, _Master) else None
-        self._login: asyncio.Future[_Master] | None = (
-            None if isinstance(master, _Master) else master)
+        self._login = login
         self.verbose = verbose
         self.identity = resolved.identity
         self._sent = 0
@@ -209,36 +209,25 @@ class OpenSshConduit(Conduit):
         return self.resolved.label
 
     @property
-    def master(self) -> _Master:
-        """The master this conduit rides (once logged in: after the first ``start()``)."""
-        if self._master is None:
-            raise TransportError("the ssh login has not finished; start a command first")
-        return self._master
-
-    @property
     def alive(self) -> bool:
-        if self._master is None:
-            return not self._closed and self._login is not None and not (
-                self._login.done() and self._login.exception() is not None)
-        return not self._closed and _pid_alive(self._master.pid)
+        login_failed = self._login is not None and self._login.done() and (
+            self._login.cancelled() or self._login.exception() is not None)
+        return not self._closed and not login_failed and self.master.alive
 
-    async def _logged_in(self) -> None:
-        if self._master is None and self._login is not None:
+    async def logged_in(self) -> None:
+        if self._login is not None:
             # A failed login raises its one-line TransportError here, every time.
-            self._master = await self._login
+            await self._login
 
     def _session_args(self) -> list[str]:
-        args = _session_overrides(self.resolved)
-        if self.master.owned:
-            args += ["-o", f"ControlPath={self.master.socket}", "-o", "ControlMaster=no"]
-        # else the user's own ControlPath/ControlMaster settings lead to their master
-        return args
+        # The master's options first: for -o options the first value given wins.
+        return [*self.master.client_args(), *self.base, *session_overrides(self.resolved)]
 
     async def _master_gone(self) -> bool:
         """True if the master died (waiting briefly: a client may notice first)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _GRACE
-        while _pid_alive(self.master.pid):
+        deadline = loop.time() + GRACE
+        while self.master.alive:
             if loop.time() > deadline:
                 return False
             await asyncio.sleep(0.01)
@@ -246,18 +235,13 @@ class OpenSshConduit(Conduit):
 
     def _master_reason(self) -> str:
         """Why the master ended, from its log (its last own message)."""
-        log = self.master.log
-        text = ""
-        if log is not None:
-            with contextlib.suppress(OSError):
-                text = log.read_text(errors="replace")[-(1 << 14):]
-        lines = openssh_errors.messages(text)
+        lines = openssh_errors.messages(self.master.log_tail())
         return lines[-1].rstrip(".") if lines else "the ssh master connection ended"
 
     async def _lost(self, what: str) -> ConnectionLost:
         if self._closed:
             return ConnectionLost(f"connection to {self.label} was closed by filesync itself")
-        if self._lost_reason is not None or not _pid_alive(self.master.pid):
+        if self._lost_reason is not None or not self.master.alive:
             self._lost_reason = self._lost_reason or self._master_reason()
             return ConnectionLost(
                 f"connection to {self.label} lost ({self._lost_reason}); "
@@ -270,14 +254,14 @@ class OpenSshConduit(Conduit):
     async def start(self, command: str) -> RemoteProcess:
         """Run ``command`` through the remote login shell, as ``ssh HOST COMMAND`` does."""
         if not self._closed:
-            await self._logged_in()
-        if self._closed or not _pid_alive(self.master.pid):
+            await self.logged_in()
+        if self._closed or not self.master.alive:
             raise await self._lost("could not start")
         log = self.master.log
         with contextlib.suppress(OSError):
             if log is not None and log.stat().st_size > _MASTER_LOG_KEEP:
                 os.truncate(log, 0)  # the master appends (O_APPEND): this just restarts it
-        argv = [self.ssh, *self.base, *self._session_args(), "-T", "-e", "none", "-x",
+        argv = [self.ssh, *self._session_args(), "-T", "-e", "none", "-x",
                 "--", self.resolved.alias, command]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -297,25 +281,13 @@ class OpenSshConduit(Conduit):
             if proc._proc.returncode is None:
                 proc.kill()
                 with contextlib.suppress(Exception):
-                    await proc._proc.wait()
+                    await asyncio.wait_for(proc._proc.wait(), GRACE)
         self._procs.clear()
-        with contextlib.suppress(Exception):
-            await self._logged_in()  # a login under way is ended, not left to idle out
-        if self._master is None or not self._master.owned:
-            return
-        # filesync's own master has no other clients: SIGTERM ends it as ``-O exit`` does
-        # (ssh closes the connection and removes its socket) without a mux round trip.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.master.pid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while _pid_alive(self.master.pid) and loop.time() < deadline:
-            await asyncio.sleep(0.002)
-        if _pid_alive(self.master.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.master.pid, signal.SIGKILL)
-        if self.master.workdir is not None:
-            shutil.rmtree(self.master.workdir, ignore_errors=True)
+        if self._login is not None:
+            self._login.cancel()  # a login under way is ended, not left running
+            with contextlib.suppress(BaseException):
+                await self._login  # (and a failed one's error is taken, not warned about)
+        await self.master.stop()  # nothing for a master filesync did not start
 
     @property
     def bytes_sent(self) -> int:
@@ -329,94 +301,13 @@ class OpenSshConduit(Conduit):
 # --------------------------------------------------------------------------- connecting
 
 
-_MASTER_PID = re.compile(r"Master running \(pid=(\d+)\)")
-
-
-async def _check_master(ssh: str, args: list[str], alias: str) -> int | None:
-    """The pid of the master that ``args`` lead to, or None if none runs."""
-    with contextlib.suppress(TimeoutError, OSError):
-        code, _out, err = await _run([ssh, *args, "-O", "check", "--", alias], 10)
-        found = _MASTER_PID.search(err)
-        if code == 0 and found:
-            return int(found.group(1))
-    return None
-
-
-async def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 async def resolve(ssh: str, base: list[str], alias: str) -> Resolved:
     """Run ``ssh -G`` (no connection; ``Match exec`` commands do run)."""
     try:
-        code, out, err = await _run([ssh, *base, "-T", "-G", "--", alias], 60)
+        code, out, err = await run_ssh([ssh, *base, "-T", "-G", "--", alias], 60)
     except TimeoutError:
-        raise _resolve_timeout(alias) from None
-    return _resolved(alias, code, out, err)
-
-
-async def _finish_master(
-    ssh: str, base: list[str], res: Resolved, workdir: Path, proc: subprocess.Popen[bytes],
-    say: Callable[[str], None],
-) -> _Master:
-    """Wait for the login ``_spawn_master`` started; map its failure to one line."""
-    socket = str(workdir / "%C")
-    log = workdir / "master.log"
-    try:
-        # Polled, not waited for in a thread: a cancelled run must not be held up at exit
-        # by a thread still waiting on ssh (a passphrase prompt, say). Finely while a
-        # handshake may finish, coarsely once a human is likely typing.
-        started = time.monotonic()
-        while (code := proc.poll()) is None:
-            await asyncio.sleep(0.002 if time.monotonic() - started < 2 else 0.05)
-        text = log.read_text(errors="replace")
-        if code != 0:
-            raise openssh_errors.explain(text, _context(res))
-        for line in text.splitlines():
-            if line.startswith("Warning: Permanently added"):
-                say(f"ssh: {line.strip()}")
-        pid = _find_master(workdir)
-        if pid is None and not Path("/proc/self").is_dir():
-            pid = await _check_master(ssh, [*base, "-o", f"ControlPath={socket}"], res.alias)
-        if pid is None:
-            raise TransportError(f"the ssh master connection to {res.label} ended right after "
-                                 f"login; run `ssh -v {res.alias}` to see why")
-    except BaseException:
-        if proc.poll() is None:
-            proc.terminate()
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    say(f"ssh: logged in to {res.label} (master pid {pid})")
-    return _Master(socket, pid, True, workdir)
-
-
-def _session_overrides(res: Resolved) -> list[str]:
-    """Settings that would keep ``ssh HOST COMMAND`` from being a plain stdio pipe to
-    COMMAND, overridden for filesync's steps only where the user's config has them."""
-    opts = []
-    if res.get("remotecommand"):
-        opts.append("RemoteCommand=none")  # else ssh refuses a command line
-    if res.get("stdinnull") == "yes":
-        opts.append("StdinNull=no")
-    if res.get("sessiontype", "default") != "default":
-        opts.append("SessionType=default")
-    if res.get("forkafterauthentication") == "yes":
-        opts.append("ForkAfterAuthentication=no")
-    if any(res.get(key) for key in ("localforward", "remoteforward", "dynamicforward")):
-        opts.append("ClearAllForwardings=yes")  # the master has them; not once per step
-    return [arg for opt in opts for arg in ("-o", opt)]
+        raise resolve_timeout(alias) from None
+    return parse_resolved(alias, code, out, err)
 
 
 async def connect(
@@ -428,39 +319,50 @@ async def connect(
     identity: Path | None = None,
     accept_new_host_key: bool = False,
     connect_timeout: float = 15.0,
+    ssh_options: Sequence[str] = (),
     verbose: Callable[[str], None] | None = None,
+    login: Pending | None = None,
 ) -> OpenSshConduit:
     """Log in to ``host`` (a name or ssh_config alias) with ``ssh`` and return the conduit.
 
-    ``user``/``port`` are ``-l``/``-p``, ``ssh_config`` is ``-F``, ``identity`` is ``-i``.
-    Takes over a login ``begin`` started with the same arguments, if there is one.
+    ``user``/``port`` are ``-l``/``-p``, ``ssh_config`` is ``-F``, ``identity`` is ``-i``;
+    ``ssh_options`` are more ``ssh`` options (``["-o", "ControlPath=PATH"]``: a running
+    master there is ridden, never ended). ``login``: a login ``begin`` started, taken
+    over if it was begun with the same arguments (else it is ended).
     Raises ``TransportError`` with one line naming the cause and the fix.
     """
     say = verbose or (lambda _msg: None)
-    key: _Key = (host, user, port, ssh_config, identity, accept_new_host_key, connect_timeout)
-    pending = _take(key)
+    key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key,
+                     connect_timeout)
+    pending = login
+    if pending is not None and (pending.taken or pending.key != key or ssh_options):
+        pending.close()  # begun for something else: not this connection's login
+        pending = None
+    if pending is not None:
+        pending.taken = True
     if pending is None:
-        ssh = _which_ssh()
-        base = _base_args(ssh_config, identity, user, port)
+        ssh = which_ssh()
+        base = base_args(ssh_config, identity, user, port) + check_ssh_options(ssh_options)
         res = await resolve(ssh, base, host)
-        workdir, proc = None, None
+        master = None
     else:
         if pending.error is not None:
             raise pending.error
         assert pending.res is not None and pending.base is not None
-        ssh, base, res = pending.ssh, pending.base, pending.res
-        workdir, proc = pending.workdir, pending.proc
-    if proc is None and res.get("controlpath", "none") != "none":
-        pid = await _check_master(ssh, base, host)
-        if pid is not None:
-            say(f"ssh: riding the running ControlMaster of {res.label} (pid {pid})")
-            return OpenSshConduit(ssh, base, res, _Master(res.get("controlpath"), pid, False),
-                                  say)
-    if proc is None or workdir is None:
-        workdir, proc = _spawn_master(ssh, base, res, accept_new_host_key, connect_timeout)
-    say(f"ssh: connecting to {res.label} with {ssh} (one ControlMaster, socket in {workdir})")
-    login = _finish_master(ssh, base, res, workdir, proc, say)
+        ssh, base, res, master = pending.ssh, pending.base, pending.res, pending.master
+    if master is None:
+        theirs = await ControlMaster.find(ssh, base, res)
+        if theirs is not None:
+            say(f"ssh: riding the running ControlMaster of {res.label} (pid {theirs.pid})")
+            return OpenSshConduit(ssh, base, res, theirs, say)
+        master = ControlMaster.start(ssh, base, res, accept_new=accept_new_host_key,
+                                     connect_timeout=connect_timeout)
+    assert master.workdir is not None
+    say(f"ssh: connecting to {res.label} with {ssh} (one ControlMaster, socket in "
+        f"{master.workdir})")
     if pending is None:
-        return OpenSshConduit(ssh, base, res, await login, say)
+        await master.ready(res, say)
+        return OpenSshConduit(ssh, base, res, master, say)
     # Begun early (the CLI): the first start() waits for the login, and raises its error.
-    return OpenSshConduit(ssh, base, res, asyncio.ensure_future(login), say)
+    return OpenSshConduit(ssh, base, res, master, say,
+                          asyncio.ensure_future(master.ready(res, say)))

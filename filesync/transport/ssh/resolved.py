@@ -1,0 +1,90 @@
+"""What ``ssh -G`` says about a destination: the user's fully resolved client config.
+
+``ssh -G`` opens no connection (``Match exec`` commands do run). A config ssh refuses is
+one ``TransportError`` line naming ssh's complaint and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from filesync.errors import TransportError
+from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``ssh -G`` says about a destination: the fully resolved client config."""
+
+    alias: str
+    settings: dict[str, list[str]]
+
+    def get(self, key: str, default: str = "") -> str:
+        values = self.settings.get(key)
+        return values[0] if values else default
+
+    @property
+    def host(self) -> str:
+        return self.get("hostname", self.alias)
+
+    @property
+    def user(self) -> str:
+        return self.get("user") or pwd.getpwuid(os.getuid()).pw_name
+
+    @property
+    def port(self) -> int:
+        return int(self.get("port", str(DEFAULT_PORT)))
+
+    @property
+    def label(self) -> str:
+        """``user@alias (host:port)`` as the asyncssh client spells it, for messages."""
+        return ssh_label(self.user, self.alias, self.host, self.port)
+
+    @property
+    def identity(self) -> str:
+        """``ssh://user@host:port``: the same state key as the asyncssh client's."""
+        host = self.host.lower()
+        return f"ssh://{self.user}@{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def files(self, key: str) -> list[Path]:
+        home = pwd.getpwuid(os.getuid()).pw_dir  # ssh expands ~ from the passwd entry
+        out = []
+        for value in self.settings.get(key, []):
+            for item in value.split():
+                if item.lower() != "none":
+                    out.append(Path(re.sub(r"^~(?=/|$)", home, item)))
+        return out
+
+
+def resolve_now(ssh: str, base: list[str], alias: str) -> Resolved:
+    """``resolve`` without an event loop, for ``begin``."""
+    try:
+        done = subprocess.run([ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=60, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise resolve_timeout(alias) from None
+    return parse_resolved(alias, done.returncode, done.stdout.decode(errors="replace"),
+                     done.stderr.decode(errors="replace"))
+
+
+def resolve_timeout(alias: str) -> TransportError:
+    return TransportError(f"`ssh -G {alias}` did not finish in 60 s; check the Match exec "
+                          "commands in your ssh config")
+
+
+def parse_resolved(alias: str, code: int, out: str, err: str) -> Resolved:
+    if code != 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        why = lines[0] if lines else f"exit status {code}"
+        raise TransportError(f"ssh cannot use its config for {alias} ({why}); fix the ssh "
+                             f"config (`ssh -G {alias}` shows the same)")
+    settings: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        settings.setdefault(key.lower(), []).append(value.strip())
+    return Resolved(alias, settings)
