@@ -6,12 +6,9 @@ against the package as shipped."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +16,7 @@ from typing import Any
 
 import pytest
 from synctree import snapshot, write
-
-import filesync
+from typecheck import mypy_strict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,30 +87,5 @@ def test_the_documented_backend_adopts_the_sync_helper_over_a_real_sshd(
         shutil.rmtree(remote, ignore_errors=True)
 
 
-def _shipped(target: Path) -> Path:
-    """The package as a wheel lays it out: filesync's modules, py.typed, and the
-    backends folder installed as filesync.backends."""
-    src = Path(filesync.__file__).resolve().parent
-    for base, dest in ((src, target / "filesync"), (ROOT / "backends",
-                                                   target / "filesync" / "backends")):
-        for path in base.rglob("*"):
-            rel = path.relative_to(base)
-            if path.is_file() and (path.suffix == ".py" or rel.as_posix() == "py.typed"):
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, dest / rel)
-    return target
-
-
 def test_the_documented_backend_passes_mypy_strict(tmp_path: Path) -> None:
-    user = tmp_path / "user" / "backend.py"
-    user.parent.mkdir()
-    user.write_text(_block(), encoding="utf-8")
-    site = _shipped(tmp_path / "site")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("MYPYPATH", None)
-    out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
-         str(tmp_path / "cache"), "--config-file", os.devnull, str(user)],
-        capture_output=True, text=True, cwd=user.parent, env=env, timeout=600,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    mypy_strict(_block(), tmp_path, "backend.py")

@@ -7,18 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import threading
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sessionkit import doc_blocks
 from synctree import skills_tree, snapshot, write
-
-import filesync
+from typecheck import mypy_strict
 
 pytestmark = pytest.mark.sshd
 
@@ -78,35 +74,6 @@ def test_the_documented_integration_runs_from_a_worker_thread(
         shutil.rmtree(remote, ignore_errors=True)
 
 
-def _shipped(target: Path) -> Path:
-    """The package laid out as a wheel holds it: its modules plus its package data."""
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    extra = data["tool"]["setuptools"]["package-data"]["filesync"]
-    src = Path(filesync.__file__).resolve().parent
-    for path in src.rglob("*"):
-        rel = path.relative_to(src)
-        if path.is_file() and (path.suffix == ".py" or rel.as_posix() in extra):
-            (target / "filesync" / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target / "filesync" / rel)
-    return target
-
-
 @pytest.mark.parametrize("block", ["def run_terminal(", "class SandboxConduit("])
 def test_the_documented_code_passes_mypy_strict(tmp_path: Path, block: str) -> None:
-    code = next(b for b in doc_blocks() if block in b)
-    user = tmp_path / "user" / "integration.py"
-    user.parent.mkdir()
-    user.write_text(code, encoding="utf-8")
-    site = _shipped(tmp_path / "site")
-    assert (site / "filesync" / "py.typed").is_file()
-    # On PYTHONPATH, mypy treats filesync as an installed package: typed only through
-    # py.typed, exactly as after `pip install`.
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("MYPYPATH", None)
-    out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
-         str(tmp_path / "cache"), "--config-file", os.devnull, str(user)],
-        capture_output=True, text=True, cwd=user.parent, env=env, timeout=600,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "Success" in out.stdout
+    mypy_strict(next(b for b in doc_blocks() if block in b), tmp_path, "integration.py")
