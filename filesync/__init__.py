@@ -9,6 +9,8 @@ other module is internal and may change:
 - ``Mapping`` describes one synced tree or file (``TWO_WAY`` or ``UPLOAD_ONLY``);
   ``nested_excludes(mapping, mappings)`` is the one ownership rule of mappings synced
   together (the innermost mapping owns a path);
+- ``Session.watch`` / ``AsyncSession.watch`` sync continuously and return a ``Watch`` /
+  ``WatchLoop`` handle whose ``stop()`` runs one last pass;
 - the reports: ``Report`` (one pass), ``SessionReport`` (one call), ``Change`` and its
   ``ChangeAction`` (a ``StrEnum``: each member equals its JSON string);
 - ``FilesyncError`` is the base of every failure a call raises (its message names the
