@@ -129,6 +129,13 @@ def idle(seconds: float, client: int, remote: Callable[[], list[int]],
             "remote_cpu_pct": round(100 * (r1 - r0) / wall, 3), **rss_mib(client)}
 
 
+def _watch(bench: Any, box: Any, local: Path, remote_dir: str) -> Running:
+    """``filesync watch LOCAL BOX:REMOTE_DIR --json`` with a fresh state, running."""
+    return Running([*bench.fs, "watch", str(local), f"{box.alias}:{remote_dir}", "-F",
+                    str(box.ssh_config), "--state-dir", str(bench.fresh_state()), "--json"],
+                   bench.env)
+
+
 def run(bench: Any, tree_cpu: Callable[[list[int]], float]) -> dict[str, Any]:
     """The step; returns what goes into ``results["steps"]["watch"]``."""
     cfg, box = bench.cfg, bench.box
@@ -144,9 +151,7 @@ def run(bench: Any, tree_cpu: Callable[[list[int]], float]) -> dict[str, Any]:
     shutil.copytree(bench.main, local, symlinks=True)
     fs_dir = "watch-fs"
     bench.clear_remote(fs_dir)
-    fs = Running([*bench.fs, "watch", str(local), f"{box.alias}:{fs_dir}", "-F",
-                  str(box.ssh_config), "--state-dir", str(bench.fresh_state()), "--json"],
-                 bench.env)
+    fs = _watch(bench, box, local, fs_dir)
     try:
         fs.wait_lines(1)
         remote = bench.remote(fs_dir)
@@ -187,9 +192,7 @@ def run(bench: Any, tree_cpu: Callable[[list[int]], float]) -> dict[str, Any]:
     trees.make_small_tree(big, big_n)
     big_dir = "watch-big"
     bench.clear_remote(big_dir)
-    fs = Running([*bench.fs, "watch", str(big), f"{box.alias}:{big_dir}", "-F",
-                  str(box.ssh_config), "--state-dir", str(bench.fresh_state()), "--json"],
-                 bench.env)
+    fs = _watch(bench, box, big, big_dir)
     try:
         fs.wait_lines(2, deadline=1800.0)  # the initial push, then the catch-up pass
         n0 = len(fs.lines)
