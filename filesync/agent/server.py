@@ -10,8 +10,9 @@ interpreter's imports, the SSH handshake and the remote helper's start-up.
 
 Requests are served one at a time. A client that disconnects mid-run (Ctrl-C) cancels its
 run; cancelling stops between journaled steps, like ``--timeout``. A connection that died
-while idle is noticed on reuse and the pass is retried once on a new connection
-(``filesync.cli.commands``).
+while idle is noticed on reuse and the job is retried once on a new connection (the
+runner's retry policy, ``filesync.session.runner``). The agent owns one ``WarmState`` for
+its life (endpoints, state, watched trees, memos), closed when it exits.
 """
 
 from __future__ import annotations
@@ -35,19 +36,21 @@ from typing import Any, TextIO
 
 from filesync.cli.agent_client import fingerprint, safe_dir
 from filesync.cli.main import main_in_agent
-from filesync.endpoint.connect import drop_session
+from filesync.session.runner import EndpointConduits
+from filesync.session.terms import WarmState
 from filesync.transport.base import Conduit
-from filesync.transport.pool import Conduits
 from filesync.transport.target import ConnectOptions, Target, open_conduit
 
 #: Environment variables that decide how a connection is made; part of the pool key.
 _CONNECT_ENV = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK")
 
 
-class KeptConduits(Conduits):
-    """Conduits kept open between commands, one per (remote, connection settings)."""
+class KeptConduits(EndpointConduits):
+    """Conduits kept open between commands, one per (remote, connection settings), with
+    their endpoints in the agent's warm state."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm: WarmState) -> None:
+        super().__init__(warm)
         self._open: dict[tuple[Any, ...], Conduit] = {}
         self.opened = 0
 
@@ -82,7 +85,7 @@ class KeptConduits(Conduits):
 
     async def _discard(self, key: tuple[Any, ...], conduit: Conduit) -> None:
         del self._open[key]
-        await drop_session(conduit, polite=False)
+        await self.end(conduit, False)
         await conduit.close()
 
     def labels(self) -> list[str]:
@@ -92,7 +95,7 @@ class KeptConduits(Conduits):
         for key, conduit in list(self._open.items()):
             del self._open[key]
             with contextlib.suppress(Exception):
-                await drop_session(conduit)
+                await self.end(conduit, True)
                 await conduit.close()
 
 
@@ -126,7 +129,10 @@ class Agent:
     def __init__(self, path: Path, persist: float) -> None:
         self.path = path
         self.persist = persist
-        self.conduits = KeptConduits()
+        #: What the agent keeps warm for its life (watched trees, state, memos,
+        #: endpoints): its runs are the passes of one owner.
+        self.warm = WarmState(watch=True)
+        self.conduits = KeptConduits(self.warm)
         self.requests = 0
         self._busy = asyncio.Lock()
         self._deadline = time.monotonic() + persist
@@ -148,7 +154,10 @@ class Agent:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             async with self._busy:
-                await self.conduits.close_all()
+                try:
+                    await self.conduits.close_all()
+                finally:
+                    await self.warm.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

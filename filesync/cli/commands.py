@@ -10,13 +10,10 @@ A LOCAL directory is one pass, its first listing sent right behind the remote he
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,26 +23,13 @@ from filesync.cli.jsonout import document, pair_json
 from filesync.cli.settings import Request
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action, Direction, Kind, settle
-from filesync.endpoint.connect import drop_session, session_for
-from filesync.errors import ConnectionLost, FilesyncError, UsageError
-from filesync.host.shared_scan import HostScans
+from filesync.errors import FilesyncError, UsageError
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, Rules, direction_of, join_remote, plan_passes
-from filesync.session.selfsync import refuse_self_sync
-from filesync.sync.changes import ChangeAction
-from filesync.sync.engine import Options, Report, plan_row, run_pass
-from filesync.sync.progress import tty_progress
+from filesync.session.runner import Deadline, EndpointConduits, Job, PassRun, Plan, Runner
+from filesync.session.terms import ChangeAction, Options, Report, plan_row, tty_progress
 from filesync.transport.base import Conduit
-from filesync.transport.pool import Conduits
 from filesync.transport.target import Target, parse_remote, via_error
-
-
-class SessionConduits(Conduits):
-    """The CLI's pool: a conduit per run; releasing it ends the helper session on it."""
-
-    async def end(self, conduit: Conduit, healthy: bool) -> None:
-        await drop_session(conduit, polite=healthy)
-
 
 _DIRECTIONS = {"push": Direction.PUSH, "pull": Direction.PULL}
 #: The commands whose passes can come from the session's planner (any mapping, a file's
@@ -60,93 +44,56 @@ def _options(req: Request, direction: Direction, local: Path) -> Options:
                                 progress=tty_progress(not (out.json or out.quiet)))
 
 
-PlanFilter = Callable[[list[Action]], list[Action]]
-
-
 @dataclass(frozen=True)
-class Pass:
-    """One pass as ``run_pass`` takes it."""
+class Pairs:
+    """A runner job and the pairs it runs as reported, (label, local, remote path), known
+    before any connection: one per pass of the job, in order."""
 
-    local: Path
-    remote: str
-    opts: Options
-    plan_filter: PlanFilter | None = None
-
-
-@dataclass
-class Job:
-    """Passes that share one connection: one remote, one or more mappings.
-
-    ``rows`` are the passes as reported, (label, local, remote path), known before any
-    connection; ``plan`` turns the connection into those passes, one per row in order
-    (``remote_plan``: it talks to the remote to do so, so a kept connection that died
-    idle shows up there, not in the first pass).
-    """
-
-    target: Target
+    job: Job
     rows: list[tuple[str, Path, str]]
-    plan: Callable[[Conduit], Awaitable[list[Pass]]]
-    remote_plan: bool = False
 
 
-async def run_command(req: Request, conduits: Conduits | None = None) -> int:
-    """Run push/pull/sync/status/resolve/undo, getting conduits from ``conduits``."""
-    pool = conduits or SessionConduits()
+async def run_command(req: Request, pool: EndpointConduits) -> int:
+    """Run push/pull/sync/status/resolve/undo through the runner, getting conduits from
+    ``pool`` (warm state from its owner); prints the results, returns the exit code."""
+    runner = Runner(pool, pool.warm, req.connect, log=req.output.log())
     if req.config is not None:
-        return await _run_jobs(req, _config_jobs(req), pool)
+        return await _run(req, runner, _config_jobs(req))
     assert req.local is not None and req.targets  # Request's contract without --config
     if req.command == "undo":
-        return await _undo(req, req.local, req.targets[0], pool)
+        return await _undo(req, runner, req.local, req.targets[0])
     local = req.local
     if req.command in _PLANNED and not local.is_dir():
         # A single file (or a LOCAL not there yet, which the remote side then decides):
         # the session's planner, as for a mapping of the library or of --config.
-        return await _run_jobs(req, [_planned_job(req, t, [Mapping(local, t.path)], "")
-                                     for t in req.targets], pool)
+        return await _run(req, runner, [_planned_job(req, t, [Mapping(local, t.path)], "")
+                                        for t in req.targets])
     direction = _DIRECTIONS.get(req.command, Direction.SYNC)
     plan_filter = _resolve_filter(req) if req.command == "resolve" else None
-    jobs = [Job(t, [(t.label(), local, t.path)], _fixed(
-        [Pass(local, t.path, _options(req, direction, local), plan_filter)]))
-        for t in req.targets]
-    return await _run_jobs(req, jobs, pool)
+    jobs = [Pairs(Job(t, _fixed([PassRun(local, t.path, _options(req, direction, local),
+                                         plan_filter)])), [(t.label(), local, t.path)])
+            for t in req.targets]
+    return await _run(req, runner, jobs)
 
 
-Ready = tuple[Conduit, bool, list[Pass]]  # a job's conduit, whether kept idle, its passes
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A job whose plan was refused: the command stops before any pass."""
-
-    error: UsageError
-
-
-def _fixed(passes: list[Pass]) -> Callable[[Conduit], Awaitable[list[Pass]]]:
-    async def plan(_conduit: Conduit) -> list[Pass]:
+def _fixed(passes: list[PassRun]) -> Plan:
+    async def plan(_conduit: Conduit, _endpoint: object) -> list[PassRun]:
         return passes
 
     return plan
 
 
-async def _undo(req: Request, local: Path, target: Target, pool: Conduits) -> int:
-    from filesync.sync.undo import undo_last
-
+async def _undo(req: Request, runner: Runner, local: Path, target: Target) -> int:
     opts = _options(req, Direction.PULL, local)
     try:
-        conduit, _ = await pool.acquire(target, req.connect)
-        healthy = False
-        try:
-            restored = await undo_last(conduit, local, target.path, opts)
-            healthy = True
-        finally:
-            await pool.release(conduit, healthy)
+        restored = await runner.undo(target, local, opts)
     except FilesyncError as exc:
         raise via_error(target, exc) from exc.__cause__
     _print_undo(req, restored)
     return 0
 
 
-def _config_jobs(req: Request) -> list[Job]:
+def _config_jobs(req: Request) -> list[Pairs]:
     """One job per remote of the file, its passes planned by the session's planner."""
     assert req.config is not None
     if req.command not in _PLANNED:
@@ -161,7 +108,7 @@ def _config_jobs(req: Request) -> list[Job]:
 
 
 def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: str,
-                 labels: list[str] | None = None) -> Job:
+                 labels: list[str] | None = None) -> Pairs:
     """The job of ``mappings`` on ``target``: its passes come from the session's planner
     (``filesync.session.passes.plan_passes``), run once the remote's connection is up, so
     single-file and upload-only mappings, nested ownership and state dirs are the
@@ -176,15 +123,13 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
                           more=[(labels[i] if labels else "--exclude", m.exclude)])
     progress = tty_progress(not (req.output.json or req.output.quiet))
 
-    async def plan(conduit: Conduit) -> list[Pass]:
-        endpoint = await session_for(conduit, log, watch=settings.watch,
-                                     idle=settings.idle_timeout)
+    async def plan(_conduit: Conduit, endpoint: Any) -> list[PassRun]:
         specs = await plan_passes(call, mappings, endpoint, base, rules,
                                   settings.state_path(), labels=labels)
-        return [Pass(s.local_root, s.remote_path,
-                     settings.pass_options(s.direction, s.rule, s.state_dir, log=log,
-                                           progress=progress, rename=s.rename),
-                     s.plan_filter())
+        return [PassRun(s.local_root, s.remote_path,
+                        settings.pass_options(s.direction, s.rule, s.state_dir, log=log,
+                                              progress=progress, rename=s.rename),
+                        s.plan_filter(), s.remote_root)
                 for s in specs]
 
     rows = []
@@ -192,7 +137,7 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
         if direction_of(call, m) is not None:
             where = replace(target, path=join_remote(base, m.remote))
             rows.append((where.label(), _shown_local(m.local), where.path))
-    return Job(target, rows, plan, remote_plan=True)
+    return Pairs(Job(target, plan), rows)
 
 
 def _shown_local(text: str) -> Path:
@@ -201,83 +146,26 @@ def _shown_local(text: str) -> Path:
     return path.resolve() if path.is_dir() else path.parent.resolve() / path.name
 
 
-async def _run_jobs(req: Request, jobs: list[Job], pool: Conduits) -> int:
-    """Connect and plan every job (concurrently), then run them (concurrently). A job
-    whose remote cannot be reached fails alone; a plan refused as a usage error (a bad
-    mapping or pattern) refuses the whole command before any pass runs."""
-    copts, timeout = req.connect, req.settings.timeout
-
-    async def connect(job: Job) -> Ready | FilesyncError | Refused:
-        try:
-            conduit, reused = await pool.acquire(job.target, copts)
-        except FilesyncError as exc:
-            return exc
-        try:
-            try:
-                passes = await job.plan(conduit)
-            except ConnectionLost:
-                if not (reused and job.remote_plan):
-                    raise
-                # A kept connection died while idle: plan again on a new one.
-                await pool.release(conduit, False)
-                conduit, reused = await pool.acquire(job.target, copts)
-                passes = await job.plan(conduit)
-        except UsageError as exc:
-            await pool.release(conduit, True)
-            return Refused(exc)
-        except FilesyncError as exc:
-            await pool.release(conduit, False)
-            return exc
-        except BaseException:
-            await pool.release(conduit, False)
-            raise
-        assert len(passes) == len(job.rows)
-        return conduit, reused and not job.remote_plan, passes
-
-    async def one(job: Job, ready: Ready | FilesyncError) -> list[PairResult]:
-        if isinstance(ready, FilesyncError):
-            return [PairResult(label, local, path, via_error(job.target, ready))
-                    for label, local, path in job.rows]
-        conduit, reused, passes = ready
-        guard = None if req.plan_only else _self_sync_guard(req)
-        out: list[Report | FilesyncError] = []
-        try:
-            for p in passes:
-                try:
-                    try:
-                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter, guard)
-                        out.append(await _deadline(run, timeout))
-                    except ConnectionLost:
-                        if not reused:
-                            raise
-                        # A kept connection died while idle (a server restart, an evicted NAT
-                        # entry); the failed pass changed nothing, so it runs on a new one.
-                        await pool.release(conduit, False)
-                        conduit, reused = await pool.acquire(job.target, copts)
-                        run = run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter, guard)
-                        out.append(await _deadline(run, timeout))
-                except FilesyncError as exc:
-                    out.append(exc)
-                reused = False
-        except BaseException:
-            await pool.release(conduit, False)
-            raise
-        await pool.release(conduit, not any(isinstance(r, ConnectionLost) for r in out))
-        return [PairResult(label, local, path,
-                           via_error(job.target, r) if isinstance(r, FilesyncError) else r)
-                for (label, local, path), r in zip(job.rows, out, strict=True)]
-
+async def _run(req: Request, runner: Runner, jobs: list[Pairs]) -> int:
+    """Run every job (``filesync.session.runner``: connected and planned concurrently, a
+    refused plan refusing the whole command, then run concurrently; a job whose remote
+    cannot be reached fails alone), then print each pair's outcome."""
+    timeout = req.settings.timeout
+    deadline = Deadline(timeout, lambda: FilesyncError(
+        f"the run took longer than --timeout {timeout:g} s; rerun to continue "
+        "(nothing was half-applied) or raise the limit")) if timeout > 0 else None
     started = time.monotonic()
-    readies = await asyncio.gather(*(connect(j) for j in jobs))
-    refused = [r.error for r in readies if isinstance(r, Refused)]
-    if refused:
-        for r in readies:
-            if isinstance(r, tuple):
-                await pool.release(r[0], True)
-        raise refused[0]
-    readies = _share_host_scans(readies)
-    runs = (one(j, r) for j, r in zip(jobs, readies, strict=True) if not isinstance(r, Refused))
-    results = [r for rs in await asyncio.gather(*runs) for r in rs]
+    outcomes = await runner.run([p.job for p in jobs], guard=not req.plan_only,
+                                deadline=deadline, idle=req.settings.idle_timeout)
+    results: list[PairResult] = []
+    for pairs, outcome in zip(jobs, outcomes, strict=True):
+        done = [r for _p, r in outcome.passes]
+        if outcome.error is not None:
+            done += [outcome.error] * (len(pairs.rows) - len(done))
+        assert len(done) == len(pairs.rows)
+        results += [PairResult(label, local, path, via_error(pairs.job.target, r)
+                               if isinstance(r, FilesyncError) else r)
+                    for (label, local, path), r in zip(pairs.rows, done, strict=True)]
     return _print_results(req, results, time.monotonic() - started)
 
 
@@ -299,47 +187,6 @@ class PairResult:
         fields = (report if isinstance(report, Report) else Report()).to_json(plan)
         return pair_json(self.label, str(self.local), self.remote, fields,
                          r.message, r.exit_code)
-
-
-def _self_sync_guard(req: Request) -> Callable[[Conduit, Path, str], Awaitable[None]]:
-    """The self-sync check (``filesync.session.selfsync``) as a job's passes run it: once
-    per pair of roots and connection, while both sides walk, before anything is applied."""
-    checked: dict[tuple[Path, str], Conduit] = {}
-    log = req.output.log()
-
-    async def guard(conduit: Conduit, local_root: Path, remote_root: str) -> None:
-        if checked.get((local_root, remote_root)) is not conduit:
-            await refuse_self_sync(conduit, local_root, remote_root, log)
-            checked[local_root, remote_root] = conduit
-
-    return guard
-
-
-def _share_host_scans(
-    readies: list[Ready | FilesyncError | Refused],
-) -> list[Ready | FilesyncError | Refused]:
-    """Planned passes of different jobs run at once: where two read the same local root,
-    every pass of the command shares one ``HostScans`` (one walk, hash and read per file)."""
-    planned = [r for r in readies if isinstance(r, tuple)]
-    roots = Counter(local for _c, _r, passes in planned for local in {p.local for p in passes})
-    if all(n == 1 for n in roots.values()):
-        return readies
-    shared = HostScans(roots)
-    return [(r[0], r[1], [replace(p, opts=replace(p.opts, host_scans=shared)) for p in r[2]])
-            if isinstance(r, tuple) else r for r in readies]
-
-
-async def _deadline(run: Awaitable[Report], seconds: float) -> Report:
-    """Bound a pass by ``--timeout``; cancelling only stops I/O, the journal stays whole."""
-    if seconds <= 0:
-        return await run
-    try:
-        return await asyncio.wait_for(run, seconds)
-    except TimeoutError:
-        raise FilesyncError(
-            f"the run took longer than --timeout {seconds:g} s; rerun to continue "
-            "(nothing was half-applied) or raise the limit"
-        ) from None
 
 
 def _print_results(req: Request, results: list[PairResult], seconds: float) -> int:

@@ -11,12 +11,15 @@ import asyncio
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
-from filesync.sync.engine import Options, Report, run_pass
+from filesync.errors import FilesyncError
+from filesync.session.runner import EndpointConduits, Job, PassRun, Runner
+from filesync.session.terms import Options, Report, WarmState
+from filesync.transport.target import ConnectOptions, Target
 
 REMOTE_ROOT = ".hermes/skills"
 
@@ -60,7 +63,6 @@ def _mib(n: int) -> str:
 
 
 async def _demo(workdir: Path) -> None:
-    from filesync.transport.ssh.conduit import SshTarget, connect
     from filesync.transport.ssh.server import start_server
 
     host_skills = workdir / "laptop" / ".hermes" / "skills"
@@ -69,24 +71,35 @@ async def _demo(workdir: Path) -> None:
     sample_skills(host_skills)
     opts = Options(Direction.PUSH, ExcludeRule.build(), workdir / "state")
     server = await start_server(remote_home)
+    warm = WarmState(keep_state=False)
     try:
         print(f"in-process SSH server on {server.host}:{server.port}, remote home {remote_home}")
-        conduit = await connect(SshTarget("demo"), ssh_config=server.ssh_config)
-        try:
-            report = await run_pass(conduit, host_skills, REMOTE_ROOT, opts)
-            print(f"push: {report.uploaded} files uploaded to ~/{REMOTE_ROOT} "
-                  f"({report.excluded} excluded, .hub stays on the laptop)")
-            junk = remote_agent_works(remote_home / REMOTE_ROOT)
-            print(f"remote agent: edited pdf-tools/SKILL.md, added csv-clean/, left "
-                  f"{_mib(junk)} of .curator_backups, node_modules and a stale .hub/lock.json")
-            opts.direction = Direction.PULL
-            report = await run_pass(conduit, host_skills, REMOTE_ROOT, opts)
-            _print_pull(report, host_skills, junk)
-        finally:
-            await drop_session(conduit)
-            await conduit.close()
+        runner = Runner(EndpointConduits(warm), warm,
+                        ConnectOptions(ssh_config=server.ssh_config, ssh_client="asyncssh"))
+        report = await _pass(runner, host_skills, opts)
+        print(f"push: {report.uploaded} files uploaded to ~/{REMOTE_ROOT} "
+              f"({report.excluded} excluded, .hub stays on the laptop)")
+        junk = remote_agent_works(remote_home / REMOTE_ROOT)
+        print(f"remote agent: edited pdf-tools/SKILL.md, added csv-clean/, left "
+              f"{_mib(junk)} of .curator_backups, node_modules and a stale .hub/lock.json")
+        report = await _pass(runner, host_skills, replace(opts, direction=Direction.PULL))
+        _print_pull(report, host_skills, junk)
     finally:
+        await warm.close()
         await server.close()
+
+
+async def _pass(runner: Runner, host_skills: Path, opts: Options) -> Report:
+    """One pass between the laptop's skills and the remote's, through the runner."""
+    async def plan(_conduit: object, _endpoint: object) -> list[PassRun]:
+        return [PassRun(host_skills, REMOTE_ROOT, opts)]
+
+    (outcome,) = await runner.run([Job(Target("ssh", REMOTE_ROOT, host="demo"), plan)],
+                                  guard=False)
+    result = outcome.passes[0][1] if outcome.passes else outcome.error
+    if not isinstance(result, Report):
+        raise result or FilesyncError("the demo's pass did not run")
+    return result
 
 
 def _print_pull(report: Report, host_skills: Path, junk: int) -> None:

@@ -24,7 +24,7 @@ from filesync.version import __version__
 
 if TYPE_CHECKING:
     from filesync.cli.settings import Request
-    from filesync.transport.pool import Conduits
+    from filesync.session.runner import EndpointConduits
     from filesync.transport.ssh.openssh_login import Pending
     from filesync.transport.target import Target
 
@@ -252,13 +252,13 @@ def run() -> NoReturn:
     sys.exit(code)
 
 
-async def main_in_agent(args_list: Sequence[str], conduits: Conduits) -> int:
-    """What ``main`` does for a pass command, run on the agent's loop with its conduits."""
+async def main_in_agent(args_list: Sequence[str], conduits: EndpointConduits) -> int:
+    """What ``main`` does for a pass command, run on the agent's loop with its conduits
+    (and their owner of warm state, the agent's)."""
     from filesync.cli.commands import run_command
 
     try:
-        # The agent outlives the run: its trees stay watched between runs.
-        return await run_command(request_from(parse(args_list), watch=True), conduits)
+        return await run_command(request_from(parse(args_list)), conduits)
     except BaseException as exc:
         return handle_failure(exc, "--json" in args_list)
 
@@ -351,12 +351,23 @@ def _dispatch(args: argparse.Namespace, logins: dict[Target, Pending] | None = N
         return run_watch(request_from(args))
     import asyncio
 
-    from filesync.cli.commands import SessionConduits, run_command
-
-    return asyncio.run(run_command(request_from(args), SessionConduits(logins)))
+    return asyncio.run(_run_command(request_from(args), logins))
 
 
-def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
+async def _run_command(req: Request, logins: dict[Target, Pending] | None) -> int:
+    """One command run: its own owner of warm state, which keeps nothing once it ends."""
+    from filesync.cli.commands import run_command
+    from filesync.session.runner import EndpointConduits
+    from filesync.session.terms import WarmState
+
+    warm = WarmState(keep_state=False)
+    try:
+        return await run_command(req, EndpointConduits(warm, logins))
+    finally:
+        await warm.close()
+
+
+def request_from(args: argparse.Namespace) -> Request:
     """The one place parsed arguments become typed values; nothing past it sees ``args``."""
     from filesync.cli.settings import Output, PassSettings, Request, local_root
     from filesync.transport.target import ConnectOptions, parse_remote, via_argv
@@ -373,7 +384,6 @@ def request_from(args: argparse.Namespace, *, watch: bool = False) -> Request:
         idle_timeout=args.idle_timeout,
         max_file_size=args.max_file_size,
         max_pull_bytes=args.max_pull_bytes,
-        watch=watch,
     )
     connect = ConnectOptions(
         ssh_config=_absolute(args.ssh_config),

@@ -21,12 +21,15 @@ from pathlib import Path
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.idle import IDLE_TIMEOUT, check_idle_timeout
-from filesync.endpoint.renamed import Rename
 from filesync.errors import UsageError
-from filesync.host.state import default_state_dir
-from filesync.sync.engine import Options
-from filesync.sync.progress import Progress
+from filesync.session.terms import (
+    IDLE_TIMEOUT,
+    Options,
+    Progress,
+    Rename,
+    check_idle_timeout,
+    default_state_dir,
+)
 from filesync.transport.target import ConnectOptions, Target
 
 DEFAULT_MAX_FILE_SIZE = 1 << 30
@@ -50,8 +53,6 @@ class PassSettings:
     idle_timeout: float = IDLE_TIMEOUT
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
     max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES
-    #: Keep trees watched between passes (``Options.watch``): the agent sets it.
-    watch: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.exclude, tuple) or not all(
@@ -114,11 +115,7 @@ class PassSettings:
             log=log,
             warn=_warn,
             progress=progress,
-            watch=self.watch,
             rename=rename,
-            # the agent (watch) runs the next pass of a pair in this process; the plain CLI
-            # never does
-            keep_state=self.watch,
             idle_timeout=self.idle_timeout,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from filesync.tree.paths import all_safe, unsafe_reason
 from filesync.tree.wire import Reason, describe
 
 #: The kind of every listed entry: the walks list regular files only.
@@ -57,3 +58,15 @@ class Listing:
     def files(self) -> dict[str, Entry]:
         """The regular files (``entries`` holds nothing else: the walks skip the rest)."""
         return self.entries
+
+
+def filter_unsafe(listing: Listing) -> None:
+    """Move entries whose names fail the path-safety check (``tree.paths``) to
+    ``skipped``: an unsafe name is never an entry, whichever side listed it."""
+    if all_safe(listing.entries.keys()):
+        return
+    for rel in list(listing.entries):
+        reason = unsafe_reason(rel)
+        if reason is not None:
+            del listing.entries[rel]
+            listing.skipped.append(Skipped.of(rel, Reason.UNSAFE_PATH, reason))

@@ -1,5 +1,9 @@
 """Which endpoint serves a conduit: the python helper, or the POSIX fallback where the
-remote has no python3; one per conduit, kept until ``drop_session``."""
+remote has no python3.
+
+``Endpoints`` is one owner's map of them, one per conduit: started on first use, ended by
+``drop_endpoint`` (a conduit released) or ``close`` (the owner closing). Two owners never
+share an endpoint, even on one conduit."""
 
 from __future__ import annotations
 
@@ -13,39 +17,52 @@ from filesync.endpoint.idle import IDLE_TIMEOUT, IdleConduit
 from filesync.endpoint.posix import PosixEndpoint
 from filesync.transport.base import Conduit
 
-_SESSIONS: weakref.WeakKeyDictionary[Conduit, Endpoint] = weakref.WeakKeyDictionary()
+
+class Endpoints:
+    """The endpoint of each conduit one owner uses (see the module docstring). Weakly
+    keyed: a conduit nobody holds any more takes its entry with it."""
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakKeyDictionary[Conduit, Endpoint] = weakref.WeakKeyDictionary()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def endpoint_for(
+        self,
+        conduit: Conduit,
+        log: Callable[[str], None] | None = None,
+        list_first: tuple[str, ExcludeRule] | None = None,
+        watch: bool = False,
+        idle: float = IDLE_TIMEOUT,
+    ) -> Endpoint:
+        """The conduit's endpoint, started on first use (``list_first``, ``watch``: see
+        ``HelperEndpoint.start``; the POSIX fallback needs neither; ``idle``: the idle
+        deadline, ``filesync.endpoint.idle``)."""
+        endpoint = self._open.get(conduit)
+        if endpoint is None:
+            endpoint = self._open[conduit] = await open_endpoint(
+                IdleConduit(conduit, idle), log, list_first, watch)
+        elif isinstance(wrapped := getattr(endpoint, "conduit", None), IdleConduit):
+            wrapped.idle = idle
+        endpoint.watch = watch
+        return endpoint
+
+    async def drop_endpoint(self, conduit: Conduit, *, polite: bool = True) -> None:
+        """End the conduit's endpoint: with ``bye``, or (not polite) by killing it."""
+        endpoint = self._open.pop(conduit, None)
+        if endpoint is not None:
+            if not polite:
+                endpoint.broken = True
+            await endpoint.close()
+
+    async def close(self) -> None:
+        """End every endpoint politely (their conduits stay open: their owner's to close)."""
+        for conduit in list(self._open):
+            await self.drop_endpoint(conduit)
 
 
-async def session_for(
-    conduit: Conduit,
-    log: Callable[[str], None] | None = None,
-    list_first: tuple[str, ExcludeRule] | None = None,
-    watch: bool = False,
-    idle: float = IDLE_TIMEOUT,
-) -> Endpoint:
-    """The conduit's endpoint, started on first use (``list_first``, ``watch``: see
-    ``HelperEndpoint.start``; the POSIX fallback needs neither; ``idle``: the idle
-    deadline, ``filesync.endpoint.idle``)."""
-    session = _SESSIONS.get(conduit)
-    if session is None:
-        session = _SESSIONS[conduit] = await open_session(
-            IdleConduit(conduit, idle), log, list_first, watch)
-    elif isinstance(wrapped := getattr(session, "conduit", None), IdleConduit):
-        wrapped.idle = idle
-    session.watch = watch
-    return session
-
-
-async def drop_session(conduit: Conduit, *, polite: bool = True) -> None:
-    """End the conduit's helper session: with ``bye``, or (not polite) by killing it."""
-    session = _SESSIONS.pop(conduit, None)
-    if session is not None:
-        if not polite:
-            session.broken = True
-        await session.close()
-
-
-async def open_session(
+async def open_endpoint(
     conduit: Conduit,
     log: Callable[[str], None] | None = None,
     list_first: tuple[str, ExcludeRule] | None = None,

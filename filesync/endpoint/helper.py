@@ -21,13 +21,12 @@ from typing import Any
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.model import FILE, Entry, Listing, Skipped
+from filesync.core.faults import crash_point
+from filesync.core.model import FILE, Entry, Listing, Skipped, filter_unsafe
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
 from filesync.endpoint.silent import kill_remote, named, no_hello, pid_line
 from filesync.endpoint.upload_stream import write_stream
 from filesync.errors import ConnectionLost, RemoteSilent, TransportError
-from filesync.host.faults import crash_point
-from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.bounded import Bounded
 from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_command, payload

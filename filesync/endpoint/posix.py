@@ -72,7 +72,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.model import FILE, Entry, Listing, Skipped
+from filesync.core.model import FILE, Entry, Listing, Skipped, filter_unsafe
 from filesync.endpoint.contract import FetchSink, Outcome, SendItem
 from filesync.endpoint.posix_parse import (
     Lines,
@@ -103,7 +103,6 @@ from filesync.endpoint.posix_scripts import (
 )
 from filesync.endpoint.posix_tar import CHUNK, Bridge, TarFetch, header
 from filesync.errors import ConnectionLost, TransportError
-from filesync.host.scan import filter_unsafe
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree.paths import resolve_root, unsafe_reason
 from filesync.tree.wire import Reason, Status, describe

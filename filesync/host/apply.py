@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from filesync.host.faults import crash_point
+from filesync.core.faults import crash_point
 from filesync.host.scan import hash_fd
 from filesync.tree.dirfd import (
     TEMP_PREFIX,

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filesync.core.faults import crash_point
 from filesync.errors import FilesyncError
 from filesync.host.apply import DIR_FLAGS, HostOp, HostTree, OpResult
-from filesync.host.faults import crash_point
 from filesync.host.state import Ancestor, PairState
 from filesync.tree.wire import Status
 

@@ -18,12 +18,12 @@ from typing import cast
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.model import Entry, Listing, Skipped
+from filesync.core.model import Entry, Listing, Skipped, filter_unsafe
 from filesync.tree.bounded import Bounded
-from filesync.tree.paths import all_safe, unsafe_reason
+from filesync.tree.paths import all_safe
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree
-from filesync.tree.wire import Reason, parse_reason
+from filesync.tree.wire import parse_reason
 
 CHUNK = 1 << 20
 #: A file modified this close to the scan may be modified again within the same
@@ -87,25 +87,14 @@ class LocalScan:
         return entry.mtime_ns < self.started_ns - RACY_NS
 
 
-def filter_unsafe(listing: Listing) -> None:
-    """Move entries whose names fail the path-safety check to ``skipped``."""
-    if all_safe(listing.entries.keys()):
-        return
-    for rel in list(listing.entries):
-        reason = unsafe_reason(rel)
-        if reason is not None:
-            del listing.entries[rel]
-            listing.skipped.append(Skipped.of(rel, Reason.UNSAFE_PATH, reason))
-
-
-def list_local(root: Path, rule: ExcludeRule, watch: bool = False) -> Listing:
+def list_local(root: Path, rule: ExcludeRule, trees: WatchedTrees | None = None) -> Listing:
     """List regular files under ``root`` with the same walk the remote helper runs.
 
-    ``watch``: keep the tree watched for the next call in this process (``_Watched``).
+    ``trees``: list through (and keep) the tree's watch there, for the owner's next call.
     """
     if not root.is_dir():
         return Listing(str(root), root.exists())
-    watched = _watched(root, rule) if watch else None
+    watched = trees.get(root, rule) if trees is not None else None
     if watched is not None:
         listing = watched.listing()
         if listing is not None:
@@ -181,20 +170,38 @@ class _Watched:
             return listing
 
 
-#: Watched host trees by (root, rule); the oldest are closed beyond ``MAX_WATCHED``.
+#: Watched host trees one owner keeps; the oldest are closed beyond it.
 MAX_WATCHED = 8
-_WATCHED: Bounded[tuple[str, str], _Watched | None] = Bounded(
-    MAX_WATCHED, lambda old: old.tree.close() if old is not None else None)
-_WATCHED_LOCK = threading.Lock()
 
 
-def _watched(root: Path, rule: ExcludeRule) -> _Watched | None:
-    key = (str(root), json.dumps(rule.wire(), sort_keys=True))
-    with _WATCHED_LOCK:
-        if key not in _WATCHED:
-            tree = WatchedTree.create(str(root), rule.matcher())
-            _WATCHED.put(key, _Watched(tree) if tree is not None else None)
-        return _WATCHED.get(key)
+class WatchedTrees:
+    """The host trees one owner (``filesync.sync.warm.WarmState``) keeps watched between
+    its passes, by (root, rule); ``close`` ends every watch. Thread-safe: fan-out passes
+    list from worker threads."""
+
+    def __init__(self, max_trees: int = MAX_WATCHED) -> None:
+        self._trees: Bounded[tuple[str, str], _Watched | None] = Bounded(
+            max_trees, lambda old: old.tree.close() if old is not None else None)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._trees)
+
+    def get(self, root: Path, rule: ExcludeRule) -> _Watched | None:
+        """The tree of ``root`` under ``rule``, watched from now on (None where it
+        cannot be watched: the caller walks)."""
+        key = (str(root), json.dumps(rule.wire(), sort_keys=True))
+        with self._lock:
+            if key not in self._trees:
+                tree = WatchedTree.create(str(root), rule.matcher())
+                self._trees.put(key, _Watched(tree) if tree is not None else None)
+            return self._trees.get(key)
+
+    def close(self) -> None:
+        with self._lock:
+            for watched in self._trees.drain():
+                if watched is not None:
+                    watched.tree.close()
 
 
 def scan_cached(

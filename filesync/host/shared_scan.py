@@ -1,7 +1,7 @@
 """Host-side work shared by the concurrent passes of one command (a fan-out).
 
 A ``HostScans`` is made per command run (never module state) and handed to each pass
-through ``Options.host_scans``. It shares three things, each only where sharing cannot
+through ``run_pass``'s ``host_scans``. It shares three things, each only where sharing cannot
 change what a pass decides:
 
 - **One walk per (root, exclusion rule).** The first pass walks; the others await the
@@ -37,6 +37,7 @@ from filesync.host.scan import (
     CHUNK,
     HashingReader,
     LocalScan,
+    WatchedTrees,
     hash_needed,
     list_local,
     new_hasher,
@@ -114,7 +115,7 @@ class HostScans:
         #: walks started (one per root and rule in a fan-out that changes no host file)
         self.walks = 0
 
-    def listing(self, root: Path, rule: ExcludeRule, watch: bool,
+    def listing(self, root: Path, rule: ExcludeRule, trees: WatchedTrees | None,
                 started_ns: int) -> asyncio.Future[tuple[Listing, int]]:
         """A copy of the host listing of ``root`` under ``rule``, and the time taken before
         its walk began (``started_ns`` if this call walks). A new walk starts in a thread
@@ -122,7 +123,7 @@ class HostScans:
         key = (str(root), json.dumps(rule.wire(), sort_keys=True))
         if key not in self._walks:
             self.walks += 1
-            walk = offthread.start(list_local, root, rule, watch)
+            walk = offthread.start(list_local, root, rule, trees)
             self._walks[key] = (walk, started_ns)
         walk, began = self._walks[key]
         out: asyncio.Future[tuple[Listing, int]] = asyncio.get_running_loop().create_future()

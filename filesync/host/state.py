@@ -11,7 +11,6 @@ state as it is.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import fcntl
 import json
@@ -106,9 +105,46 @@ class _Pooled:
 
 #: Idle databases kept open at most (each holds three descriptors: db, wal, shm).
 POOL_MAX = 4
-#: Idle databases by path. An entry is taken out while a ``PairState`` uses it, so two
-#: states never share one (the pair lock already keeps them apart).
-_POOL: Bounded[str, _Pooled] = Bounded(POOL_MAX, lambda old: _close_own(old))
+
+
+class StatePool:
+    """Idle state databases of one owner (``filesync.sync.warm.WarmState``), by path, with
+    what each last read: the owner's next pass of a pair neither reconnects nor re-reads.
+
+    An entry is taken out while a ``PairState`` uses it, so two states never share one
+    (the pair lock already keeps them apart); beyond ``max_open`` the oldest is closed.
+    ``close`` closes every idle database (SQLite checkpoints its WAL on the last close).
+    """
+
+    def __init__(self, max_open: int = POOL_MAX) -> None:
+        self._idle: Bounded[str, _Pooled] = Bounded(max_open, lambda old: _close_own(old))
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def take(self, path: Path) -> _Pooled | None:
+        """The idle connection to ``path`` if it is still that file, with its reads if
+        valid."""
+        pooled = self._idle.pop(str(path))
+        if pooled is None:
+            return None
+        if pooled.pid != os.getpid():
+            return None  # inherited over fork: never used (nor closed) in the child
+        if _file_id(path) != pooled.file_id:
+            pooled.conn.close()  # the state dir was removed or replaced meanwhile
+            return None
+        version = _data_version(pooled.conn)
+        if version != pooled.data_version:
+            pooled.forget_reads()
+            pooled.data_version = version
+        return pooled
+
+    def give_back(self, pooled: _Pooled) -> None:
+        self._idle.put(pooled.key, pooled)
+
+    def close(self) -> None:
+        for pooled in self._idle.drain():
+            _close_own(pooled)
 
 
 def _data_version(conn: sqlite3.Connection) -> int:
@@ -123,38 +159,10 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _take_pooled(path: Path) -> _Pooled | None:
-    """The idle connection to ``path`` if it is still that file, with its reads if valid."""
-    pooled = _POOL.pop(str(path))
-    if pooled is None:
-        return None
-    if pooled.pid != os.getpid():
-        return None  # inherited over fork: never used (nor closed) in the child
-    if _file_id(path) != pooled.file_id:
-        pooled.conn.close()  # the state dir was removed or replaced meanwhile
-        return None
-    version = _data_version(pooled.conn)
-    if version != pooled.data_version:
-        pooled.forget_reads()
-        pooled.data_version = version
-    return pooled
-
-
-def _give_back(pooled: _Pooled) -> None:
-    _POOL.put(pooled.key, pooled)
-
-
 def _close_own(pooled: _Pooled) -> None:
     if pooled.pid == os.getpid():  # one inherited over fork is the parent's to close
         with contextlib.suppress(sqlite3.Error):
             pooled.conn.close()
-
-
-@atexit.register
-def close_pooled() -> None:
-    """Close every idle database (at exit: SQLite checkpoints its WAL on the last close)."""
-    for pooled in _POOL.drain():
-        _close_own(pooled)
 
 
 def default_state_dir() -> Path:
@@ -178,7 +186,7 @@ def pair_key(local_root: str, remote_identity: str, remote_root: str) -> str:
 class PairState:
     """The state of one pair, held under its lock for the lifetime of a run."""
 
-    def __init__(self, directory: Path, keep_reads: bool = True) -> None:
+    def __init__(self, directory: Path, pool: StatePool | None = None) -> None:
         self.dir = directory
         self.staging = directory / "staging"
         self.conflicts_dir = directory / "conflicts"
@@ -187,7 +195,9 @@ class PairState:
         self._lock_fd = -1
         self.db: sqlite3.Connection | None = None
         self._mem: _Pooled | None = None
-        self._keep = keep_reads
+        #: where the database goes back to on close (None: closed, nothing kept)
+        self._pool = pool
+        self._keep = pool is not None
 
     @classmethod
     def open(
@@ -198,13 +208,15 @@ class PairState:
         remote_root: str,
         *,
         lock_timeout: float = 0.0,
-        keep_reads: bool = True,
+        pool: StatePool | None = None,
         lock_option: str = "pass --lock-timeout SECONDS",
     ) -> PairState:
         """Open (creating) the pair's state and take its lock, or raise ``LockBusy``.
 
-        ``keep_reads``: keep the tables read (and written) in memory for this process's
-        next pass of the pair (see ``_Pooled``); ``Options.keep_state`` says why not.
+        ``pool``: where the database goes back to on close, its tables read (and written)
+        kept in memory for the pool owner's next pass of the pair (see ``_Pooled``); None
+        (a one-shot run, which would pay ~30 MB for a 100k-file pair's copies it never
+        uses) closes it and keeps nothing.
         """
         directory = state_dir / "pairs" / pair_key(local_root, remote_identity, remote_root)
         try:
@@ -214,7 +226,7 @@ class PairState:
                 f"cannot create state dir {directory}: {exc.strerror}; "
                 "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
             ) from exc
-        state = cls(directory, keep_reads)
+        state = cls(directory, pool)
         try:
             state._lock(lock_timeout, lock_option)
             state._connect()
@@ -247,7 +259,7 @@ class PairState:
 
     def _connect(self) -> None:
         path = self.dir / "state.db"
-        pooled = _take_pooled(path)
+        pooled = self._pool.take(path) if self._pool is not None else None
         if pooled is None:
             # Usable from whichever thread runs the next pass: one user at a time.
             db = sqlite3.connect(path, isolation_level=None, timeout=30,
@@ -263,21 +275,20 @@ class PairState:
             except BaseException:
                 db.close()
                 raise
-        if not self._keep:
-            pooled.forget_reads()  # not kept in step with this run's writes
         self.db = pooled.conn
         self._mem = pooled
 
     def close(self) -> None:
-        """Release the database (kept open for this process's next run) and the lock.
+        """Release the database (back to the pool, if any, open for the next run) and the
+        lock.
 
         Safe to call twice.
         """
         if self.db is not None:
             db, pooled = self.db, self._mem
             self.db = self._mem = None
-            if pooled is not None and not db.in_transaction:
-                _give_back(pooled)
+            if self._pool is not None and pooled is not None and not db.in_transaction:
+                self._pool.give_back(pooled)
             else:
                 db.close()
         if self._lock_fd >= 0:
@@ -441,7 +452,7 @@ class PairState:
 
 
 async def open_pair(state_dir: Path, local_root: str, remote_identity: str, remote_root: str,
-                    *, lock_timeout: float, lock_option: str, keep_reads: bool = True,
+                    *, lock_timeout: float, lock_option: str, pool: StatePool | None = None,
                     log: Callable[[str], None] | None = None) -> PairState:
     """``PairState.open`` for code on an event loop: the wait of up to ``lock_timeout``
     seconds for another run of the pair (another session, thread or process) sleeps on
@@ -451,7 +462,7 @@ async def open_pair(state_dir: Path, local_root: str, remote_identity: str, remo
     while True:
         try:
             return PairState.open(state_dir, local_root, remote_identity, remote_root,
-                                  keep_reads=keep_reads, lock_option=lock_option)
+                                  pool=pool, lock_option=lock_option)
         except LockBusy:
             if time.monotonic() >= deadline:
                 raise

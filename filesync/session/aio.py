@@ -4,8 +4,9 @@ Guarantees:
 
 - one connection for the session's life, opened on the first call (``conduit=``: a
   ``Conduit``, or a factory called for it); a connection found dead is replaced on the
-  next call, and a call that loses a connection opened by an earlier call is run once
-  more on a new one (passes are idempotent: what was done is recorded);
+  next call, and a call whose connection, opened by an earlier call, is lost before its
+  first pass is done runs once more on a new one (passes are idempotent: what was done
+  is recorded). The calls run through ``filesync.session.runner``, as the CLI's do;
 - calls are serialized (one at a time, in the order they were made); a call after
   ``close()`` raises ``SessionClosed``; ``close()`` waits for the running call, then ends
   the remote helper and the connection, and is safe to call twice;
@@ -41,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.contract import Endpoint
 from filesync.errors import (
     ConnectionLost,
     FilesyncError,
@@ -53,11 +54,13 @@ from filesync.errors import (
 )
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
-from filesync.session.selfsync import refuse_self_sync
+from filesync.session.runner import Deadline, Job, PassRun, Runner
 from filesync.session.watch import WatchLoop
-from filesync.sync.engine import Options, Report, run_pass
+from filesync.sync.engine import Options, Report
+from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
 from filesync.transport.local import CommandConduit
+from filesync.transport.pool import Conduits
 from filesync.transport.ssh.options import check_ssh_options
 from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote
 
@@ -176,11 +179,14 @@ class AsyncSession:
         self._options = Options(Direction.PUSH, state_dir=self.state_dir, force=force,
                                 lock_timeout=lock_timeout, lock_option=_lock_option(lock_timeout),
                                 max_file_size=max_file_size,
-                                max_pull_bytes=max_pull_bytes, log=log, watch=watch)
-        self._watch = watch
+                                max_pull_bytes=max_pull_bytes, log=log)
+        #: What this session keeps between its calls, and no other session sees.
+        self._warm = WarmState(watch=watch)
         self._log = log
         self._conduit: Conduit | None = None
-        self._checked: set[tuple[Path, str]] = set()
+        #: Runs every call's passes over the session's one kept connection.
+        self._runner = Runner(_KeptConnection(self), self._warm, self._connect, log=log,
+                              renewable=not isinstance(conduit, Conduit))
         self._lock: asyncio.Lock | None = None
         self._closed = False
         #: The running ``watch`` loops (``filesync.session.watch``).
@@ -213,8 +219,7 @@ class AsyncSession:
         gets each pass's report; see ``filesync.session.watch`` and docs/library.md."""
         if self._closed:
             raise closed_error()
-        self._watch = True  # both sides' trees stay watched between passes
-        self._options = dataclasses.replace(self._options, watch=True)
+        self._warm.start_watching()  # both sides' trees stay watched between passes
         loop = WatchLoop(self, mappings, on_report, force_polling=force_polling)
         self._watches.append(loop)
         try:
@@ -233,8 +238,11 @@ class AsyncSession:
         self._closed = True
         async with self._serial():
             conduit, self._conduit = self._conduit, None
-            if conduit is not None:
-                await _release(conduit, polite=True)
+            try:
+                if conduit is not None:
+                    await self._release(conduit, polite=True)
+            finally:
+                await self._warm.close()
 
     async def __aenter__(self) -> AsyncSession:
         return self
@@ -273,62 +281,50 @@ class AsyncSession:
         async with self._serial():
             if self._closed:
                 raise closed_error()
-            if self.timeout is None:
-                return await self._run(call, items, keep_going)
-            try:
-                return await asyncio.wait_for(self._run(call, items, keep_going),
-                                              self.timeout)
-            except TimeoutError:
-                raise SessionTimeout(
-                    f"the {call.value} took longer than timeout={self.timeout} s; call "
-                    "again to continue (nothing was half-applied) or raise the timeout"
-                ) from None
+            return await self._run(call, items, keep_going)
 
     async def _run(self, call: Call, items: list[Mapping],
                    keep_going: bool) -> SessionReport:
-        reused = self._conduit is not None and self._conduit.alive
-        try:
-            return await self._passes(call, items, keep_going)
-        except ConnectionLost:
-            await self._forget_connection()
-            if not reused or isinstance(self._source, Conduit):
-                raise
-            # A kept connection died while idle (a server restart, an evicted NAT entry):
-            # the call runs again on a new one; passes done already are recorded no-ops.
-            return await self._passes(call, items, keep_going)
-
-    async def _passes(self, call: Call, items: list[Mapping],
-                      keep_going: bool) -> SessionReport:
-        conduit = await self._connection()
-        endpoint = await session_for(conduit, self._log, watch=self._watch)
+        """The call's passes, through the runner (``filesync.session.runner``): its retry
+        of a connection that died idle, its self-sync guard and its deadline."""
         report = SessionReport()
-        specs = await plan_passes(call, items, endpoint, self._base, self._rules,
-                                  self.state_dir,
-                                  failed=report.failed if keep_going else None)
-        if call is not Call.STATUS:
-            for spec in specs:
-                await self._check(conduit, spec)
-        for spec in specs:
-            try:
-                report.add(spec.mapping, await self._pass(conduit, spec, call))
-            except FilesyncError as exc:
-                if not keep_going or isinstance(exc, ConnectionLost):
-                    raise
-                report.failed.append((spec.mapping, exc))
+        specs: list[PassSpec] = []
+
+        async def plan(_conduit: Conduit, endpoint: Endpoint) -> list[PassRun]:
+            report.failed.clear()  # planned again on a new connection: afresh
+            specs[:] = await plan_passes(call, items, endpoint, self._base, self._rules,
+                                         self.state_dir,
+                                         failed=report.failed if keep_going else None)
+            return [PassRun(s.local_root, s.remote_path, self._pass_options(s, call),
+                            s.plan_filter(), s.remote_root) for s in specs]
+
+        timeout = self.timeout
+        deadline = None if timeout is None else Deadline(timeout, lambda: SessionTimeout(
+            f"the {call.value} took longer than timeout={timeout} s; call again to continue "
+            "(nothing was half-applied) or raise the timeout"))
+        target = self._target or Target("via", self._base, via=self._via_label)
+        (outcome,) = await self._runner.run([Job(target, plan)], guard=call is not Call.STATUS,
+                                            deadline=deadline, keep_going=keep_going)
+        for spec, (_run, result) in zip(specs, outcome.passes, strict=False):
+            if isinstance(result, Report):
+                report.add(spec.mapping, result)
+            elif not keep_going or isinstance(result, ConnectionLost):
+                raise result
+            else:
+                report.failed.append((spec.mapping, result))
+        if outcome.error is not None:
+            raise outcome.error
         return report
 
-    async def _check(self, conduit: Conduit, spec: PassSpec) -> None:
-        key = (spec.local_root, spec.remote_root)
-        if key not in self._checked:
-            await refuse_self_sync(conduit, spec.local_root, spec.remote_root, self._log)
-            self._checked.add(key)
-
-    async def _pass(self, conduit: Conduit, spec: PassSpec, call: Call) -> Report:
-        opts = dataclasses.replace(self._options, direction=spec.direction, rule=spec.rule,
+    def _pass_options(self, spec: PassSpec, call: Call) -> Options:
+        return dataclasses.replace(self._options, direction=spec.direction, rule=spec.rule,
                                    state_dir=spec.state_dir, dry_run=call is Call.STATUS,
                                    rename=spec.rename)
-        return await run_pass(conduit, spec.local_root, spec.remote_path, opts,
-                              spec.plan_filter())
+
+    async def _endpoint(self, conduit: Conduit) -> Endpoint:
+        """The session's endpoint on ``conduit`` (watching once the session watches)."""
+        return await self._warm.endpoints.endpoint_for(conduit, self._log,
+                                                       watch=self._warm.watching)
 
     async def _connection(self) -> Conduit:
         if self._conduit is not None and not self._conduit.alive:
@@ -336,7 +332,6 @@ class AsyncSession:
         if self._conduit is None:
             self._conduit = await self._open()
             self.connections_opened += 1
-            self._checked.clear()
         return self._conduit
 
     async def _open(self) -> Conduit:
@@ -355,14 +350,31 @@ class AsyncSession:
     async def _forget_connection(self) -> None:
         conduit, self._conduit = self._conduit, None
         if conduit is not None:
-            await _release(conduit, polite=False)
+            await self._release(conduit, polite=False)
+
+    async def _release(self, conduit: Conduit, *, polite: bool) -> None:
+        try:
+            await self._warm.endpoints.drop_endpoint(conduit, polite=polite)
+        finally:
+            await conduit.close()
 
 
-async def _release(conduit: Conduit, *, polite: bool) -> None:
-    try:
-        await drop_session(conduit, polite=polite)
-    finally:
-        await conduit.close()
+class _KeptConnection(Conduits):
+    """The session's one connection as the runner's pool: kept from call to call; given
+    back unhealthy, it is forgotten (the next call opens a new one)."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        super().__init__()
+        self._session = session
+
+    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
+        kept = self._session._conduit
+        reused = kept is not None and kept.alive
+        return await self._session._connection(), reused
+
+    async def release(self, conduit: Conduit, healthy: bool) -> None:
+        if not (healthy and conduit.alive) and conduit is self._session._conduit:
+            await self._session._forget_connection()
 
 
 def unexpected_error(exc: Exception) -> FilesyncError:

@@ -37,7 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import session_for
+from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.wait import wait_change
 from filesync.errors import FilesyncError, LockBusy, SafetyRefusal, TransportError
 from filesync.host.watcher import HostWatcher
@@ -78,6 +78,7 @@ class WatchedSession(Protocol[R_co]):
     def _watches(self) -> list[Any]: ...
     def _serial(self) -> asyncio.Lock: ...
     async def _connection(self) -> Conduit: ...
+    async def _endpoint(self, conduit: Conduit) -> Endpoint: ...
     async def _forget_connection(self) -> None: ...
     async def sync(self, mappings: Sequence[Mapping], *, keep_going: bool = False) -> R_co: ...
 
@@ -163,7 +164,7 @@ class WatchLoop(Generic[R]):
         session = self.session
         async with session._serial():
             conduit = await session._connection()
-            endpoint = await session_for(conduit, session._log, watch=True)
+            endpoint = await session._endpoint(conduit)
             return await plan_passes(Call.SYNC, self.mappings, endpoint, session._base,
                                      session._rules, session.state_dir)
 
@@ -198,7 +199,7 @@ class WatchLoop(Generic[R]):
             if not remote or conduit is None or not conduit.alive:
                 waited = None  # nothing to wait on there; a lost connection: the pass says so
             else:
-                endpoint = await session_for(conduit, session._log, watch=True)
+                endpoint = await session._endpoint(conduit)
                 self._waiting = True
                 try:
                     waited = await wait_change(endpoint, remote, WAIT, SETTLE, self._wake)

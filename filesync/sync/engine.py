@@ -24,10 +24,10 @@ from typing import Any
 from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
-from filesync.endpoint.connect import drop_session, session_for
 from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
+from filesync.host.shared_scan import HostScans
 from filesync.host.state import ConflictRecord, open_pair
 from filesync.sync import plan as planning
 from filesync.sync.changes import Change, ChangeAction
@@ -35,6 +35,7 @@ from filesync.sync.inputs import Options, PassInputs
 from filesync.sync.seal import seal_for
 from filesync.sync.staging import StagingSink
 from filesync.sync.transition import Transitioned, transition
+from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
 
 
@@ -107,32 +108,57 @@ async def run_pass(
     opts: Options,
     plan_filter: Callable[[list[Action]], list[Action]] | None = None,
     guard: Callable[[Conduit, Path, str], Awaitable[None]] | None = None,
+    *,
+    warm: WarmState | None = None,
+    host_scans: HostScans | None = None,
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
 
     ``guard`` runs with the conduit, the local root and the resolved remote root while the
     state opens and both sides list; it is awaited before anything is fetched, recovered
-    or applied, so raising there ends the pass with nothing changed (the CLI's self-sync
-    check)."""
+    or applied, so raising there ends the pass with nothing changed (the self-sync check).
+    ``warm``: the owner's warm state the pass uses and adds to (``filesync.sync.warm``);
+    None runs it cold: the endpoint it starts on the conduit is ended when it returns,
+    and nothing is kept. ``host_scans``: the walks and reads shared with the other passes
+    of a fan-out (``filesync.host.shared_scan``)."""
+    owner = warm if warm is not None else WarmState(keep_state=False)
+    try:
+        return await _run(conduit, local_root, remote_path, opts, plan_filter, guard, owner,
+                          host_scans)
+    finally:
+        if warm is None:
+            await owner.close()
+
+
+async def _run(
+    conduit: Conduit,
+    local_root: Path,
+    remote_path: str,
+    opts: Options,
+    plan_filter: Callable[[list[Action]], list[Action]] | None,
+    guard: Callable[[Conduit, Path, str], Awaitable[None]] | None,
+    warm: WarmState,
+    host_scans: HostScans | None,
+) -> Report:
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The host walks while the helper starts (on a fresh conduit: while ssh still logs in).
     # (A fan-out's passes share one walk instead: ``HostScans``, taken by ``scan``.)
-    walk = (planning.start_walk(local_root, opts.rule, opts.watch)
-            if opts.host_scans is None else None)
+    walk = (planning.start_walk(local_root, opts.rule, warm.trees)
+            if host_scans is None else None)
     # The first listing rides behind the helper's source: no round trip is waited for.
     remote_rule = opts.rule if opts.rename is None else opts.rename.rule
-    session = await session_for(conduit, opts.log, (remote_path, remote_rule), opts.watch,
-                                opts.idle_timeout)
+    endpoint = await warm.endpoints.endpoint_for(
+        conduit, opts.log, (remote_path, remote_rule), warm.watching, opts.idle_timeout)
     if opts.rename is not None:
-        session = RenamedEndpoint(session, opts.rename)
+        endpoint = RenamedEndpoint(endpoint, opts.rename)
     ok = False
     report = Report()
     try:
-        remote_root = session.resolve_root(remote_path)
+        remote_root = endpoint.resolve_root(remote_path)
         # The helper walks while the state is opened and the host is walked.
-        await session.prefetch_list(remote_root, opts.rule)
+        await endpoint.prefetch_list(remote_root, opts.rule)
         # The guard's round trip runs while the state opens and both sides list.
         checking = (asyncio.ensure_future(guard(conduit, local_root, remote_root))
                     if guard is not None else None)
@@ -140,12 +166,14 @@ async def run_pass(
             state = await open_pair(
                 opts.state_dir, str(local_root), conduit.identity, remote_root,
                 lock_timeout=opts.lock_timeout, lock_option=opts.lock_option,
-                keep_reads=opts.keep_state, log=opts.log,
+                pool=warm.states, log=opts.log,
             )
             try:
                 run_id = f"{time.time_ns():020d}-{os.getpid()}"
-                inputs = PassInputs(opts, session, state, local_root, remote_root, run_id,
-                                    time.time_ns(), StagingSink(state.staging / run_id))
+                inputs = PassInputs(opts, endpoint, state, local_root, remote_root, run_id,
+                                    time.time_ns(), StagingSink(state.staging / run_id),
+                                    warm.memo(str(local_root), remote_root), warm.trees,
+                                    host_scans)
                 try:
                     await _pass(inputs, report, plan_filter, walk, checking)
                     ok = True
@@ -161,7 +189,7 @@ async def run_pass(
     finally:
         if not ok:
             # A pass that failed may have left the stream mid-request: never reuse it.
-            await drop_session(conduit, polite=False)
+            await warm.endpoints.drop_endpoint(conduit, polite=False)
     report.bytes_sent = conduit.bytes_sent - sent0
     report.bytes_received = conduit.bytes_received - recv0
     report.seconds = time.monotonic() - started
@@ -205,7 +233,7 @@ async def _pass(
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
     clean = not (report.skipped or report.errors or report.open_conflicts)
-    seal = seal_for(opts, scans, planned, clean)
+    seal = seal_for(inputs, scans, planned, clean)
     if seal is not None:
         inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 

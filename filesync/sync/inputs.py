@@ -24,9 +24,10 @@ from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
 from filesync.endpoint.renamed import Rename
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
-from filesync.host.scan import LocalScan
+from filesync.host.scan import LocalScan, WatchedTrees
 from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState, default_state_dir
+from filesync.sync.memo import PassMemo
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
 
@@ -52,16 +53,6 @@ class Options:
     #: on stderr); such files are in the report's ``skipped`` too.
     warn: Callable[[str], None] | None = None
     progress: Progress | None = None
-    #: Keep both trees watched (inotify) between passes of this process, so that a pass
-    #: lists again only the directories that changed: for callers that run many passes
-    #: on one open connection (the agent, terminal backends). A full walk still happens
-    #: on the first pass, after any directory-level change, and every few minutes.
-    watch: bool = False
-    #: Keep the pair's state tables in memory after the pass, in step with its writes, so
-    #: that this process's next pass of the pair reads none of them again. A caller that
-    #: runs one pass per pair (the plain CLI) says False: a 100k-file pair's copies cost
-    #: ~30 MB that pass would never use.
-    keep_state: bool = True
     #: Retention of ``conflicts/`` and ``undo/`` (each): the last ``keep_runs`` runs that
     #: saved something, at most ``keep_bytes``; open conflicts are never dropped.
     keep_runs: int = KEEP_RUNS
@@ -69,9 +60,6 @@ class Options:
     #: Seconds a remote that owes bytes may send nothing before the pass stops with
     #: ``RemoteSilent`` (``filesync.endpoint.idle``); > 0.
     idle_timeout: float = IDLE_TIMEOUT
-    #: The host walks, digests and upload reads this pass shares with the other passes of
-    #: its command (a fan-out): one ``HostScans`` per command run, None for a lone pass.
-    host_scans: HostScans | None = None
     #: A single-file pass whose file has another name on the remote (the session's
     #: planner sets it): the pass sees the remote through ``RenamedEndpoint``.
     rename: Rename | None = None
@@ -82,7 +70,7 @@ class PassInputs:
     """Who and where: fixed for the whole pass."""
 
     opts: Options
-    session: Endpoint
+    endpoint: Endpoint
     state: PairState
     local_root: Path
     remote_root: str
@@ -90,6 +78,13 @@ class PassInputs:
     #: the pass's clock (ns): the ``synced_ns`` of every ancestor row it writes
     now: int
     sink: StagingSink
+    #: the pair's memo (``sync.memo``), kept by a watching ``WarmState``; None: none kept
+    memo: PassMemo | None = None
+    #: the watched host trees of a watching ``WarmState`` the host is listed through
+    trees: WatchedTrees | None = None
+    #: the host walks, digests and upload reads this pass shares with the other passes
+    #: of its run (a fan-out): one ``HostScans`` per run, None for a lone pass
+    host_scans: HostScans | None = None
 
 
 @dataclass(frozen=True)

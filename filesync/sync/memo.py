@@ -1,8 +1,8 @@
 """What the last watched pass of a pair found per path, reused while its inputs are equal.
 
-A watched session (``Options.watch``: the agent, the terminal backends, a long-lived
-``Session``) runs pass after pass over trees that mostly did not change. Two results of
-a pass are pure functions of a few dicts (``sync.plan``):
+A watching owner of warm state (``filesync.sync.warm.WarmState``: the agent's, a watching
+``Session``'s, the terminal backends') runs pass after pass over trees that mostly did
+not change. Two results of a pass are pure functions of a few dicts (``sync.plan``):
 
 - ``same``, the remote files unchanged since their last transfer, of the ancestors and
   the remote listing;
@@ -18,8 +18,9 @@ of the Python loop over every path it replaces; any difference at all, in any in
 miss and the result is computed afresh. So a result is never reused for inputs it was not
 computed from, and whatever these inputs do not hold (time, options) never enters them.
 
-Kept per pair (local root, remote root), for at most ``PAIRS`` pairs per process, and
-only for watched passes: a one-shot run would pay the copies for nothing.
+Kept per pair (local root, remote root), for at most ``PAIRS`` pairs per owner
+(``PassMemos``), and only by a watching owner: a one-shot run would pay the copies for
+nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from filesync.tree.bounded import Bounded
 
-#: Pairs remembered per process (the agent serves a few, a fan-out one per remote).
+#: Pairs remembered per owner (the agent serves a few, a fan-out one per remote).
 PAIRS = 8
 
 
@@ -63,16 +64,17 @@ class PassMemo:
         self._kept[name] = _Kept(copies, result)
 
 
-_PAIRS: Bounded[tuple[str, str], PassMemo] = Bounded(PAIRS)
+class PassMemos:
+    """The memos of one owner's pairs, the oldest forgotten beyond ``PAIRS``."""
 
+    def __init__(self, pairs: int = PAIRS) -> None:
+        self._pairs: Bounded[tuple[str, str], PassMemo] = Bounded(pairs)
 
-def memo_for(local_root: str, remote_root: str, watch: bool) -> PassMemo | None:
-    """The pair's memo in this process; None for a pass that is not watched."""
-    if not watch:
-        return None
-    key = (local_root, remote_root)
-    memo = _PAIRS.get(key)
-    if memo is None:
-        memo = PassMemo()
-        _PAIRS.put(key, memo)
-    return memo
+    def for_pair(self, local_root: str, remote_root: str) -> PassMemo:
+        """The pair's memo, empty the first time."""
+        key = (local_root, remote_root)
+        memo = self._pairs.get(key)
+        if memo is None:
+            memo = PassMemo()
+            self._pairs.put(key, memo)
+        return memo

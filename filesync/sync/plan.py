@@ -32,6 +32,7 @@ from filesync.host.scan import (
     RACY_NS,
     CacheRow,
     LocalScan,
+    WatchedTrees,
     hash_needed,
     list_local,
     scan_cached,
@@ -39,7 +40,6 @@ from filesync.host.scan import (
 from filesync.host.state import Ancestor, PairState
 from filesync.sync import seal as sealing
 from filesync.sync.inputs import PassInputs, Planned, Scans
-from filesync.sync.memo import memo_for
 from filesync.tree.wire import Reason
 
 
@@ -84,12 +84,12 @@ class Walk:
     listing: asyncio.Future[Listing]
 
 
-def start_walk(local_root: Path, rule: ExcludeRule, watch: bool) -> Walk:
+def start_walk(local_root: Path, rule: ExcludeRule, trees: WatchedTrees | None) -> Walk:
     """Start the host walk (stat only) in a thread now: ``run_pass`` starts it before the
     remote helper, so that it overlaps the helper's start and its listing."""
     started_ns = time.time_ns()
     # Submitted at once (a task would start the thread only at the first await).
-    listing = offthread.start(list_local, local_root, rule, watch)
+    listing = offthread.start(list_local, local_root, rule, trees)
     # A pass that fails before ``scan`` leaves it unread: that is no error of its own.
     listing.add_done_callback(lambda f: f.cancelled() or f.exception())
     return Walk(started_ns, listing)
@@ -110,7 +110,7 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
     ``walk``: the host walk ``start_walk`` began; it is used unless a recovery changed the
     host tree under it (then the host is walked again, after the recovery)."""
     state, opts = inputs.state, inputs.opts
-    shared = opts.host_scans
+    shared = inputs.host_scans
     if state.journal_path.exists():
         if shared is not None:
             shared.changed(inputs.local_root)  # recover is about to change the host tree
@@ -126,17 +126,17 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
     remote: Listing | None = None
     if shared is not None:
         started_ns = time.time_ns()
-        walking = shared.listing(inputs.local_root, opts.rule, opts.watch, started_ns)
+        walking = shared.listing(inputs.local_root, opts.rule, inputs.trees, started_ns)
     else:
         if walk is None:
-            walk = start_walk(inputs.local_root, opts.rule, opts.watch)
+            walk = start_walk(inputs.local_root, opts.rule, inputs.trees)
         started_ns, walking = walk.started_ns, walk.listing
-        seal = inputs.state.seal() if sealing.may_use(opts) else None
+        seal = inputs.state.seal() if sealing.may_use(inputs) else None
         # Sealed: the host walk (done long before the remote's listing, usually)
         # decides whether the listing is worth comparing before it is decoded.
         if seal is not None and seal.fingerprint == sealing.fingerprint(opts) \
                 and (await walk.listing).digest == seal.host:
-            remote = await inputs.session.list_tree_unless(
+            remote = await inputs.endpoint.list_tree_unless(
                 inputs.remote_root, opts.rule, seal.remote)
             if remote is None:
                 if opts.log is not None:
@@ -148,7 +148,7 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
     reading = offthread.start(_read_state, state)
     try:
         if remote is None:
-            remote = await inputs.session.list_tree(inputs.remote_root, opts.rule)
+            remote = await inputs.endpoint.list_tree(inputs.remote_root, opts.rule)
     finally:
         try:
             await wait_out(reading)
@@ -192,7 +192,7 @@ def _scan_cached(inputs: PassInputs, listed: Listing,
                  cache: dict[str, tuple[int, int, int, str]], started_ns: int) -> LocalScan:
     """``scan_cached``, or for a watched pass with the listing and stat cache of the last
     one its result again (``sync.memo``), as a new scan its user may change."""
-    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch)
+    memo = inputs.memo
     kept = memo.get("scan", listed.entries, cache) if memo is not None else None
     if isinstance(kept, _CachedScan):
         scan = LocalScan(listed, started_ns=started_ns)
@@ -227,7 +227,7 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
     # listing order, which keeps memory access sequential), then give only the
     # rest to the loop below, which decides exactly as it would for every file. A
     # watched pass whose ancestors and listing equal the last one's reuses its result.
-    memo = memo_for(str(inputs.local_root), inputs.remote_root, opts.watch)
+    memo = inputs.memo
     kept = memo.get("same", anc, rfiles) if memo is not None else None
     same: set[str] | frozenset[str]
     if isinstance(kept, frozenset) and len(kept) == len(rfiles):
@@ -296,7 +296,7 @@ async def fetch(inputs: PassInputs, entries: list[Entry]) -> None:
         bar.begin("fetch", total)
         sink.progress = bar.advance
     try:
-        await inputs.session.fetch(inputs.remote_root, [e.path for e in entries], sink)
+        await inputs.endpoint.fetch(inputs.remote_root, [e.path for e in entries], sink)
     finally:
         if bar is not None:
             bar.end()
@@ -318,7 +318,7 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     anc, local = scans.ancestors, scans.local
     entries, hashes = local.listing.entries, local.hashes
     same, rfiles = versions.same, scans.remote.files()
-    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch)
+    memo = inputs.memo
     kept = memo.get("quiet", same, anc, hashes, entries) if memo is not None else None
     quiet: Set[str]
     if isinstance(kept, frozenset):

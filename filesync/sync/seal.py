@@ -26,7 +26,7 @@ import json
 
 from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
-from filesync.sync.inputs import Options, Planned, Scans
+from filesync.sync.inputs import Options, PassInputs, Planned, Scans
 from filesync.version import __version__
 
 
@@ -36,16 +36,17 @@ def fingerprint(opts: Options) -> str:
                        opts.max_file_size], sort_keys=True)
 
 
-def may_use(opts: Options) -> bool:
-    """Whether a pass with ``opts`` may seal, or skip its work on a seal."""
-    return not opts.watch and opts.host_scans is None
+def may_use(inputs: PassInputs) -> bool:
+    """Whether a pass may seal, or skip its work on a seal: not one listed through watched
+    trees, nor one sharing its host scans with a fan-out."""
+    return inputs.trees is None and inputs.host_scans is None
 
 
-def seal_for(opts: Options, scans: Scans, planned: Planned, clean: bool) -> Seal | None:
+def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool) -> Seal | None:
     """The seal a finished pass leaves, or None when it may not leave one (see the module
     doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open."""
-    host, remote = scans.local.listing, scans.remote
-    if not (clean and planned.in_sync and may_use(opts) and not opts.dry_run
+    opts, host, remote = inputs.opts, scans.local.listing, scans.remote
+    if not (clean and planned.in_sync and may_use(inputs) and not opts.dry_run
             and host.digest and remote.digest and host.entries):
         return None
     newest = max(e.mtime_ns for e in host.entries.values())

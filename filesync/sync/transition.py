@@ -73,7 +73,7 @@ async def _ensure_remote_root(inputs: PassInputs, scans: Scans) -> None:
     """A push or sync leaves the remote root in place even with nothing to upload (as
     rsync does): the next pull then finds an empty tree, not a missing one."""
     if inputs.opts.direction is not Direction.PULL and not scans.remote.exists:
-        await inputs.session.send(inputs.remote_root, [], 0)  # an empty send makes the root
+        await inputs.endpoint.send(inputs.remote_root, [], 0)  # an empty send makes the root
 
 
 def _by_path(change: Change) -> str:
@@ -96,7 +96,7 @@ async def _ensure_staged(
             need += _saved_paths(a)
     need = [p for p in need if p not in sink.staged]
     if need:
-        await inputs.session.fetch(inputs.remote_root, need, sink)
+        await inputs.endpoint.fetch(inputs.remote_root, need, sink)
     asked = set(need)
     changed = {p for p in asked
                if (staged := sink.staged.get(p)) is None or staged.hash != rv[p].hash}
@@ -217,7 +217,7 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
     advance = bar.advance if bar else None
     # Plain strings: a pathlib join per file costs more than reading a small file.
     base = str(inputs.local_root).rstrip("/") + "/"
-    shared = inputs.opts.host_scans
+    shared = inputs.host_scans
 
     def items() -> Iterator[SendItem]:
         # Made while the stream runs: the remote starts on the first file at once.
@@ -229,7 +229,7 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
             expect = (target.size, target.mtime_ns) if target else None
             yield SendItem(rel, entry.mode & 0o777, entry.mtime_ns, expect, reader)
 
-    outcomes = await inputs.session.send(inputs.remote_root, items(), len(uploads))
+    outcomes = await inputs.endpoint.send(inputs.remote_root, items(), len(uploads))
     rows = []
     for o in outcomes:
         if o.status == Status.OK:
@@ -267,7 +267,7 @@ async def _delete_remote(
     if not entries:
         return
     gone = []
-    for o in await inputs.session.delete(inputs.remote_root, entries):
+    for o in await inputs.endpoint.delete(inputs.remote_root, entries):
         if o.status == Status.OK:
             gone.append(o.path)
             out.deleted_remote += 1
@@ -320,8 +320,8 @@ def _apply_host(
     if not journal.ops:
         return
     state = inputs.state
-    if inputs.opts.host_scans is not None:
-        inputs.opts.host_scans.changed(inputs.local_root)
+    if inputs.host_scans is not None:
+        inputs.host_scans.changed(inputs.local_root)
     inputs.sink.flush()  # the staged files on disk before the journal names them
     journal.save(state.journal_path)
     tree = HostTree(inputs.local_root, Path(journal.undo_dir))

@@ -21,7 +21,7 @@ import shutil
 import sqlite3
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,12 @@ from synctree import snapshot, write
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Listing
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.errors import TransportError
 from filesync.host import state
 from filesync.host.state import Ancestor, PairState
 from filesync.sync.engine import Options, run_pass
+from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.local import local_conduit
 from filesync.tree import server, walk
@@ -360,10 +360,12 @@ def test_warm_passes_on_one_conduit_stay_exact(tmp_path: Path) -> None:
 
     async def main() -> None:
         conduit = local_conduit()
+        warm = WarmState()
         try:
             async def sync(direction: Direction = Direction.SYNC) -> Any:
                 return await run_pass(conduit, local, str(remote),
-                                      Options(direction, rule=RULE, state_dir=state_dir))
+                                      Options(direction, rule=RULE, state_dir=state_dir),
+                                      warm=warm)
 
             await sync()
             assert snapshot(local) == snapshot(remote)
@@ -378,13 +380,13 @@ def test_warm_passes_on_one_conduit_stay_exact(tmp_path: Path) -> None:
             assert report.uploaded == 1 and snapshot(local) == snapshot(remote)
             report = await sync()
             assert (report.uploaded, report.downloaded) == (0, 0)
-            # A new session (the old one dropped) starts from a full listing again.
-            await drop_session(conduit)
+            # A new endpoint (the old one dropped) starts from a full listing again.
+            await warm.endpoints.drop_endpoint(conduit)
             (remote / "z" / "new.txt").unlink()
             report = await sync(Direction.PULL)
             assert report.deleted_local == 1 and snapshot(local) == snapshot(remote)
         finally:
-            await drop_session(conduit)
+            await warm.close()
             await conduit.close()
 
     asyncio.run(main())
@@ -408,8 +410,16 @@ def on_disk(db: Path, table: str) -> set[tuple[Any, ...]]:
         conn.close()
 
 
-def test_kept_reads_follow_own_writes(tmp_path: Path) -> None:
-    s = PairState.open(tmp_path, *PAIR)
+@pytest.fixture
+def pool() -> Iterator[state.StatePool]:
+    """An owner's pool of state databases, closed after the test."""
+    kept = state.StatePool()
+    yield kept
+    kept.close()
+
+
+def test_kept_reads_follow_own_writes(tmp_path: Path, pool: state.StatePool) -> None:
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     db = s.dir / "state.db"
     try:
         assert s.ancestors() == {} and s.local_cache() == {} and s.remote_cache() == {}
@@ -420,7 +430,7 @@ def test_kept_reads_follow_own_writes(tmp_path: Path) -> None:
         s.put_remote_cache([("a", 1, 2, "h")])
     finally:
         s.close()
-    s = PairState.open(tmp_path, *PAIR)
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         assert s.db is not None and s._mem is not None and s._mem.ancestors is not None
         assert s.ancestors() == {"a": anc(1)}
@@ -438,8 +448,10 @@ def test_kept_reads_follow_own_writes(tmp_path: Path) -> None:
         s.close()
 
 
-def test_kept_reads_are_dropped_when_another_connection_wrote(tmp_path: Path) -> None:
-    s = PairState.open(tmp_path, *PAIR)
+def test_kept_reads_are_dropped_when_another_connection_wrote(
+    tmp_path: Path, pool: state.StatePool
+) -> None:
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         s.put_ancestors([("a", anc(1))])
         assert s.ancestors() == {"a": anc(1)}
@@ -452,7 +464,7 @@ def test_kept_reads_are_dropped_when_another_connection_wrote(tmp_path: Path) ->
         conn.execute("INSERT INTO local_cache VALUES ('b',2,2,2,'hb')")
         conn.execute("INSERT INTO remote_cache VALUES ('b',2,2,'hb')")
     conn.close()
-    s = PairState.open(tmp_path, *PAIR)
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         assert set(s.ancestors()) == {"a", "b"}
         assert s.local_cache() == {"b": (2, 2, 2, "hb")}
@@ -461,8 +473,10 @@ def test_kept_reads_are_dropped_when_another_connection_wrote(tmp_path: Path) ->
         s.close()
 
 
-def test_raw_transactions_and_failed_writes_drop_the_kept_reads(tmp_path: Path) -> None:
-    s = PairState.open(tmp_path, *PAIR)
+def test_raw_transactions_and_failed_writes_drop_the_kept_reads(
+    tmp_path: Path, pool: state.StatePool
+) -> None:
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         s.put_ancestors([("a", anc(1))])
         assert s.ancestors() == {"a": anc(1)}
@@ -477,15 +491,17 @@ def test_raw_transactions_and_failed_writes_drop_the_kept_reads(tmp_path: Path) 
         s.close()
 
 
-def test_a_replaced_state_dir_is_not_served_from_memory(tmp_path: Path) -> None:
-    s = PairState.open(tmp_path, *PAIR)
+def test_a_replaced_state_dir_is_not_served_from_memory(
+    tmp_path: Path, pool: state.StatePool
+) -> None:
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         s.put_ancestors([("a", anc(1))])
         assert s.ancestors() == {"a": anc(1)}
     finally:
         s.close()
     shutil.rmtree(tmp_path / "pairs")
-    s = PairState.open(tmp_path, *PAIR)
+    s = PairState.open(tmp_path, *PAIR, pool=pool)
     try:
         assert s.ancestors() == {}
         assert (s.dir / "state.db").is_file()
@@ -493,13 +509,14 @@ def test_a_replaced_state_dir_is_not_served_from_memory(tmp_path: Path) -> None:
         s.close()
 
 
-def test_the_pool_is_bounded_and_closed_at_exit(tmp_path: Path) -> None:
+def test_the_pool_is_bounded_and_closed_by_its_owner(tmp_path: Path,
+                                                     pool: state.StatePool) -> None:
     for n in range(state.POOL_MAX + 3):
-        PairState.open(tmp_path / str(n), *PAIR).close()
-    assert len(state._POOL) <= state.POOL_MAX
-    state.close_pooled()
-    assert not state._POOL
-    s = PairState.open(tmp_path / "0", *PAIR)  # reopens fine after
+        PairState.open(tmp_path / str(n), *PAIR, pool=pool).close()
+    assert len(pool) == state.POOL_MAX
+    pool.close()
+    assert not len(pool)
+    s = PairState.open(tmp_path / "0", *PAIR, pool=pool)  # reopens fine after
     s.close()
 
 

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.host.scan import LocalScan, scan_cached
 from filesync.host.state import Ancestor, PairState
 from filesync.sync import engine, plan, transition
 from filesync.sync.engine import Options, run_pass
+from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
 
 RULE = ExcludeRule.build(default_excludes=False)
@@ -165,10 +165,11 @@ def play(
 
         async def main() -> list[Any]:
             conduit = local_conduit()
+            warm = WarmState()  # one owner: the second pass is warm
             seen: list[Any] = []
             try:
                 opts = Options(Direction.SYNC, rule=RULE, state_dir=state)
-                await run_pass(conduit, local, str(remote), opts)
+                await run_pass(conduit, local, str(remote), opts, warm=warm)
                 for i, rel in enumerate(NAMES):
                     mutate(local, rel, local_edits[i], i)
                     mutate(remote, rel, remote_edits[i], 100 + i)
@@ -177,13 +178,13 @@ def play(
                     if step:
                         rewrite_fresh(remote)
                     try:
-                        report = await run_pass(conduit, local, str(remote), opts)
+                        report = await run_pass(conduit, local, str(remote), opts, warm=warm)
                         seen.append(report_view(report))
                     except engine.TransferFailed as exc:
                         seen.append(("failed", report_view(exc.report)))
                     seen.append((snapshot(local), snapshot(remote), state_rows(state)))
             finally:
-                await drop_session(conduit)
+                await warm.close()
                 await conduit.close()
             return seen
 
@@ -237,6 +238,7 @@ def test_warm_noop_writes_no_cache_rows(tmp_path: Path) -> None:
 
     async def main() -> list[bool]:
         conduit = local_conduit()
+        warm = WarmState()
         calls: list[bool] = []
         real = PairState.update_local_cache
 
@@ -246,16 +248,16 @@ def test_warm_noop_writes_no_cache_rows(tmp_path: Path) -> None:
 
         try:
             opts = Options(Direction.PUSH, rule=RULE, state_dir=state)
-            await run_pass(conduit, local, str(remote), opts)
+            await run_pass(conduit, local, str(remote), opts, warm=warm)
             PairState.update_local_cache = spy  # type: ignore[method-assign]
             try:
                 for _ in range(2):
-                    report = await run_pass(conduit, local, str(remote), opts)
+                    report = await run_pass(conduit, local, str(remote), opts, warm=warm)
                     assert report.plan == []
             finally:
                 PairState.update_local_cache = real  # type: ignore[method-assign]
         finally:
-            await drop_session(conduit)
+            await warm.close()
             await conduit.close()
         return calls
 

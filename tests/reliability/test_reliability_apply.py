@@ -28,11 +28,11 @@ from test_reliability_support import (
     state_leftovers,
 )
 
-import filesync.host.faults
+import filesync.core.faults
 import filesync.sync.transition
+from filesync.core.faults import crash_point
 from filesync.errors import FilesyncError
 from filesync.host.apply import HostOp, HostTree
-from filesync.host.faults import crash_point
 from filesync.host.journal import Journal
 
 
@@ -262,10 +262,10 @@ def test_a_corrupt_journal_is_one_clean_line(pair: Pair) -> None:
 
 
 def test_crash_hook_is_inert_without_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(filesync.host.faults.CRASH_ENV, raising=False)
+    monkeypatch.delenv(filesync.core.faults.CRASH_ENV, raising=False)
     for _ in range(3):
         crash_point("before-op")  # would SIGKILL pytest if it were not inert
-    monkeypatch.setenv(filesync.host.faults.CRASH_ENV, "placed:1")
+    monkeypatch.setenv(filesync.core.faults.CRASH_ENV, "placed:1")
     crash_point("before-op")  # another step: still alive
 
 

@@ -28,7 +28,7 @@ from test_reliability_support import (
     state_leftovers,
 )
 
-from filesync.host.faults import CRASH_ENV
+from filesync.core.faults import CRASH_ENV
 
 
 def lock_fds(lock: Path) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from synctree import write
 
-from filesync.host.faults import CRASH_ENV
+from filesync.core.faults import CRASH_ENV
 from filesync.tree.watchdog import STALL_ENV
 
 pytestmark = pytest.mark.sshd

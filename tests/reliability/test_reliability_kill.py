@@ -1,7 +1,7 @@
 """A real SIGKILL of a real client process at every step of a pull's apply.
 
 The client is ``python -m filesync.cli pull`` over SSH to the namespaced sshd. The test hook
-``FILESYNC_TEST_CRASH=STEP:N`` (``filesync.host.faults.crash_point``, inert unless set) makes the
+``FILESYNC_TEST_CRASH=STEP:N`` (``filesync.core.faults.crash_point``, inert unless set) makes the
 process SIGKILL itself the Nth time it reaches STEP: while staging fetched files, right
 after the journal is durable, before each op, after the old file was kept for undo, after
 each rename/unlink, after the last op, after the undo manifest. Each step of a pull that
@@ -32,7 +32,7 @@ from test_reliability_support import (
     state_leftovers,
 )
 
-from filesync.host.faults import CRASH_ENV
+from filesync.core.faults import CRASH_ENV
 
 pytestmark = pytest.mark.sshd
 

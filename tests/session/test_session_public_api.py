@@ -24,7 +24,7 @@ TIER = {
     "default_state_dir", "DEFAULT_EXCLUDED_DIRS", "profile_snippet", "__version__",
 }  # fmt: skip
 
-INTERNALS = ("run_pass", "Options", "drop_session", "connect_ssh", "SshTarget", "ExcludeRule",
+INTERNALS = ("run_pass", "Options", "WarmState", "connect_ssh", "SshTarget", "ExcludeRule",
              "Direction")
 
 

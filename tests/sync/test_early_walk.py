@@ -14,7 +14,7 @@ from synctree import write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.connect import Endpoints
 from filesync.host.apply import HostOp
 from filesync.host.journal import Journal
 from filesync.host.state import PairState
@@ -34,9 +34,10 @@ def scan_with_early_walk(tmp: Path, *, journal_deletes: str | None) -> Scans:
     async def main() -> Scans:
         conduit = local_conduit()
         try:
-            walk = planning.start_walk(local, RULE, False)
+            walk = planning.start_walk(local, RULE, None)
             await walk.listing  # taken before anything below changes the tree
-            session = await session_for(conduit)
+            endpoints = Endpoints()
+            session = await endpoints.endpoint_for(conduit)
             root = session.resolve_root(str(remote))
             state = PairState.open(state_dir, str(local), conduit.identity, root)
             try:
@@ -53,7 +54,7 @@ def scan_with_early_walk(tmp: Path, *, journal_deletes: str | None) -> Scans:
             finally:
                 state.close()
         finally:
-            await drop_session(conduit)
+            await endpoints.close()
             await conduit.close()
 
     return asyncio.run(main())

@@ -159,12 +159,12 @@ def test_a_host_change_makes_later_passes_walk_again(tmp_path: Path) -> None:
 
     async def go() -> list[set[str]]:
         scans = HostScans({})
-        first, _ = await scans.listing(root, rule, False, 0)
-        same, _ = await scans.listing(root, rule, False, 0)
+        first, _ = await scans.listing(root, rule, None, 0)
+        same, _ = await scans.listing(root, rule, None, 0)
         write(root / "b", "2")
-        stale, _ = await scans.listing(root, rule, False, 0)
+        stale, _ = await scans.listing(root, rule, None, 0)
         scans.changed(root / "sub")  # a nested root's change is a change of this tree
-        fresh, _ = await scans.listing(root, rule, False, 0)
+        fresh, _ = await scans.listing(root, rule, None, 0)
         assert scans.walks == 2
         assert first.entries is not same.entries  # each pass gets its own copy
         return [set(x.entries) for x in (first, same, stale, fresh)]
@@ -178,8 +178,8 @@ def test_the_walk_start_time_comes_with_a_shared_listing(tmp_path: Path) -> None
 
     async def go() -> tuple[int, int]:
         scans = HostScans({})
-        _, first = await scans.listing(tmp_path, rule, False, 111)
-        _, second = await scans.listing(tmp_path, rule, False, 999)
+        _, first = await scans.listing(tmp_path, rule, None, 111)
+        _, second = await scans.listing(tmp_path, rule, None, 999)
         return first, second
 
     assert asyncio.run(go()) == (111, 111)
@@ -264,12 +264,12 @@ def test_a_pass_after_a_host_write_plans_on_a_fresh_walk(tmp_path: Path) -> None
         conduit = local_conduit()
         try:
             opts = Options(Direction.SYNC, rule=ExcludeRule.build(root=local),
-                           state_dir=tmp_path / "s", host_scans=scans)
+                           state_dir=tmp_path / "s")
             for remote in (r1, r2):
-                await run_pass(conduit, local, str(remote), opts)
+                await run_pass(conduit, local, str(remote), opts, host_scans=scans)
             write(r1 / "new.txt", "from r1\n")
             for remote in (r1, r2):
-                await run_pass(conduit, local, str(remote), opts)
+                await run_pass(conduit, local, str(remote), opts, host_scans=scans)
         finally:
             await conduit.close()
 

@@ -12,7 +12,6 @@ import filesync.transport.ssh.conduit
 from filesync.backends.ssh import SSHTerminal
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.mapping import Mapping
 from filesync.sync.engine import Options, run_pass
@@ -75,7 +74,6 @@ def test_the_library_gets_the_same_error(tmp_path: Path) -> None:
                 await run_pass(conduit, tmp_path / "missing", str(tmp_path / "remote"), opts)
             assert not isinstance(err.value, SafetyRefusal) and err.value.exit_code == 1
         finally:
-            await drop_session(conduit)
             await conduit.close()
 
     asyncio.run(main())

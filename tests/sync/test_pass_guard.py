@@ -12,7 +12,6 @@ from synctree import snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.errors import SelfSync
 from filesync.host.apply import HostOp
 from filesync.host.journal import Journal
@@ -39,7 +38,6 @@ def _pass(tmp: Path, direction: Direction, refuse: bool,
             return await run_pass(conduit, tmp / "local", str(tmp / "remote"), opts,
                                   guard=guard)
         finally:
-            await drop_session(conduit)
             await conduit.close()
 
     return asyncio.run(main())

@@ -2,7 +2,7 @@
 inputs, and the watched listings check only the names that came in for path safety.
 
 Real trees, the real helper over the local transport, real SQLite; passes run with
-``Options(watch=True)`` on one conduit, as the agent and the terminal backends run them.
+one watching ``WarmState`` on one conduit, as the agent and the terminal backends run them.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from synctree import snapshot, write
 import filesync.sync.plan as planning
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.sync.engine import Options, Report, run_pass
-from filesync.sync.memo import PassMemo, memo_for
+from filesync.sync.memo import PassMemo
+from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
 
 RULE = ExcludeRule.build(default_excludes=False)
@@ -47,11 +47,13 @@ def test_a_result_is_handed_out_only_for_equal_inputs() -> None:
     assert memo.get("sets", {"p"}) is None
 
 
-def test_only_watched_passes_keep_a_memo() -> None:
-    assert memo_for("/l", "/r", watch=False) is None
-    first = memo_for("/l", "/r", watch=True)
-    assert first is not None and memo_for("/l", "/r", watch=True) is first
-    assert memo_for("/l", "/other", watch=True) is not first
+def test_only_a_watching_owner_keeps_a_memo_and_owners_never_share_one() -> None:
+    assert WarmState().memo("/l", "/r") is None
+    warm = WarmState(watch=True)
+    first = warm.memo("/l", "/r")
+    assert first is not None and warm.memo("/l", "/r") is first
+    assert warm.memo("/l", "/other") is not first
+    assert WarmState(watch=True).memo("/l", "/r") is not first
 
 
 class Session:
@@ -64,15 +66,16 @@ class Session:
         self.remote.mkdir(exist_ok=True)
         self.loop = asyncio.new_event_loop()
         self.conduit = local_conduit()
+        self.warm = WarmState(watch=True)
 
     def run(self, direction: Direction) -> Report:
-        opts = Options(direction, rule=RULE, state_dir=self.state, watch=True)
+        opts = Options(direction, rule=RULE, state_dir=self.state)
         return self.loop.run_until_complete(
-            run_pass(self.conduit, self.local, str(self.remote), opts))
+            run_pass(self.conduit, self.local, str(self.remote), opts, warm=self.warm))
 
     def close(self) -> None:
         async def end() -> None:
-            await drop_session(self.conduit)
+            await self.warm.close()
             await self.conduit.close()
 
         self.loop.run_until_complete(end())
@@ -182,8 +185,8 @@ def test_an_unsafe_name_that_appears_between_watched_passes_is_skipped(
 def test_watched_listings_filter_the_unsafe_names_that_came_in(tmp_path: Path) -> None:
     # Each side's watched listing checks only the names a refresh brought in; a name
     # that fails the path-safety rule is still never an entry, on either side.
-    from filesync.endpoint.connect import session_for
-    from filesync.host.scan import list_local
+    from filesync.endpoint.connect import Endpoints
+    from filesync.host.scan import WatchedTrees, list_local
 
     root = tmp_path / "tree"
     write(root / "ok.txt", "ok\n")
@@ -193,20 +196,23 @@ def test_watched_listings_filter_the_unsafe_names_that_came_in(tmp_path: Path) -
         assert [(s.path, s.code and s.code.value) for s in listing.skipped] == [
             ("bad\x01name.txt", "unsafe-path")]
 
-    assert sorted(list_local(root, RULE, watch=True).entries) == ["ok.txt"]
+    trees = WatchedTrees()
+    assert sorted(list_local(root, RULE, trees).entries) == ["ok.txt"]
 
     async def remote_side() -> None:
         conduit = local_conduit()
+        endpoints = Endpoints()
         try:
-            endpoint = await session_for(conduit, watch=True)
+            endpoint = await endpoints.endpoint_for(conduit, watch=True)
             endpoint.watch = True
             first = await endpoint.list_tree(str(root), RULE)
             assert sorted(first.entries) == ["ok.txt"]
             write(root / "bad\x01name.txt", "bad\n")
             check(await endpoint.list_tree(str(root), RULE))  # a delta listing
         finally:
-            await drop_session(conduit)
+            await endpoints.close()
             await conduit.close()
 
     asyncio.run(remote_side())
-    check(list_local(root, RULE, watch=True))  # a watched refresh
+    check(list_local(root, RULE, trees))  # a watched refresh
+    trees.close()

@@ -11,7 +11,6 @@ from synctree import write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.host.state import PairState
 from filesync.host.undo import undo_in
 from filesync.sync.engine import Options, Report, run_pass
@@ -39,7 +38,6 @@ def passes(tmp: Path, steps: list[tuple[Direction, dict[str, str], dict[str, str
                                log=logged.append)
                 reports.append(await run_pass(conduit, local, str(remote), opts))
         finally:
-            await drop_session(conduit)
             await conduit.close()
         return reports
 

@@ -17,10 +17,10 @@ from synctree import snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.host.scan import DIGEST_ROWS, walk_digest
 from filesync.host.state import PairState
 from filesync.sync.engine import Options, Report, run_pass
+from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
 
 RULE = ExcludeRule.build()
@@ -37,15 +37,17 @@ class Pair:
 
     def run(self, direction: Direction = Direction.PUSH, **kw: Any) -> Report:
         self.logs = []
+        warm: WarmState | None = kw.pop("warm", None)
         opts = Options(direction, rule=kw.pop("rule", RULE), state_dir=self.state,
-                       keep_state=False, log=self.logs.append, **kw)
+                       log=self.logs.append, **kw)
 
         async def main() -> Report:
             conduit = local_conduit()
             try:
-                return await run_pass(conduit, self.local, str(self.remote), opts)
+                return await run_pass(conduit, self.local, str(self.remote), opts, warm=warm)
             finally:
-                await drop_session(conduit)
+                if warm is not None:
+                    await warm.close()
                 await conduit.close()
 
         return asyncio.run(main())
@@ -271,7 +273,7 @@ def test_nothing_skipped_or_in_conflict_is_ever_sealed_over(pair: Pair) -> None:
 def test_watched_and_dry_passes_leave_no_seal(pair: Pair) -> None:
     pair.run()
     pair.run(dry_run=True)
-    pair.run(watch=True)
+    pair.run(warm=WarmState(watch=True))
     state = pair.pair_state()
     try:
         assert state.seal() is None

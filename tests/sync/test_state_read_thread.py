@@ -14,7 +14,6 @@ from synctree import write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.errors import TransportError
 from filesync.host.state import PairState
@@ -84,7 +83,6 @@ def test_a_failed_listing_waits_for_the_state_read_before_closing_the_state(
             await run_pass(conduit, tmp_path / "local", str(tmp_path / "remote"),
                            Options(Direction.PUSH, rule=RULE, state_dir=tmp_path / "state"))
         finally:
-            await drop_session(conduit)
             await conduit.close()
 
     with pytest.raises(TransportError, match="listing failed"):

@@ -20,7 +20,7 @@ from synctree import write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction, Kind
-from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.connect import Endpoints
 from filesync.host.state import PairState
 from filesync.sync import plan as planning
 from filesync.sync.changes import Change, ChangeAction
@@ -54,7 +54,8 @@ def run(tmp: Path, direction: Direction, step: Step, *, first: Direction | None 
             if first is not None:
                 await run_pass(conduit, local, str(remote),
                                Options(first, rule=RULE, state_dir=state_dir))
-            session = await session_for(conduit)
+            endpoints = Endpoints()
+            session = await endpoints.endpoint_for(conduit)
             root = session.resolve_root(str(remote))
             state = PairState.open(state_dir, str(local), conduit.identity, root)
             try:
@@ -69,7 +70,7 @@ def run(tmp: Path, direction: Direction, step: Step, *, first: Direction | None 
             finally:
                 state.close()
         finally:
-            await drop_session(conduit)
+            await endpoints.close()
             await conduit.close()
 
     asyncio.run(main())

@@ -1,6 +1,6 @@
 """Watched trees (inotify): a refresh lists exactly what a fresh walk lists, and a quiet
 tree is answered without a walk. Used by the agent and long-lived library callers
-(``Options(watch=True)``), on both sides: the host scan and the remote helper."""
+(a watching ``WarmState``), on both sides: the host scan and the remote helper."""
 
 from __future__ import annotations
 
@@ -19,13 +19,12 @@ from synctree import Pair, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.host import scan
 from filesync.sync.engine import Options, run_pass
+from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
 from filesync.tree import watch
-from filesync.tree.bounded import Bounded
 from filesync.tree.ignore import Matcher
 from filesync.tree.walk import walk
 from filesync.tree.watch import WatchedTree, local_filesystems_only
@@ -185,10 +184,11 @@ def test_running_out_of_watches_falls_back_to_walking(
         raise OSError(errno.ENOSPC, "inotify_add_watch failed")
 
     monkeypatch.setattr(watch._Inotify, "watch", no_more)
-    monkeypatch.setattr(scan, "_WATCHED", Bounded(scan.MAX_WATCHED))
-    first = scan.list_local(tmp_path, rule, watch=True)
+    trees = scan.WatchedTrees()
+    first = scan.list_local(tmp_path, rule, trees)
     write(tmp_path / "c" / "late.txt", "after the failure\n")
-    second = scan.list_local(tmp_path, rule, watch=True)
+    second = scan.list_local(tmp_path, rule, trees)
+    trees.close()
     assert "c/late.txt" in second.entries and "c/late.txt" not in first.entries
     assert second.entries.keys() == scan.list_local(tmp_path, rule).entries.keys()
 
@@ -223,10 +223,11 @@ async def test_watched_passes_see_every_change_on_both_sides(tmp_path: Path) -> 
     seed(pair.local)
     conduit = local_conduit()
     rule = ExcludeRule.build(root=pair.local)
+    warm = WarmState(watch=True)
 
     async def run(direction: Direction) -> Any:
-        opts = Options(direction, rule=rule, state_dir=pair.state, watch=True)
-        return await run_pass(conduit, pair.local, str(pair.remote), opts)
+        opts = Options(direction, rule=rule, state_dir=pair.state)
+        return await run_pass(conduit, pair.local, str(pair.remote), opts, warm=warm)
 
     try:
         assert (await run(Direction.PUSH)).uploaded == 10  # 9 + a/skip.log
@@ -246,5 +247,5 @@ async def test_watched_passes_see_every_change_on_both_sides(tmp_path: Path) -> 
         assert not (pair.local / "a" / "f1.txt").exists()
         assert (await run(Direction.SYNC)).plan == []
     finally:
-        await drop_session(conduit)
+        await warm.close()
         await conduit.close()

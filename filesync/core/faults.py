@@ -1,8 +1,8 @@
 """Fault injection for the crash-safety tests: kill this process at a named step.
 
-Inert unless ``FILESYNC_TEST_CRASH`` is set (one environment lookup per step). It imports
-only the standard library, so every layer that marks a step (host apply and journal, the
-endpoint's staging) may import it.
+Inert unless ``FILESYNC_TEST_CRASH`` is set (one environment lookup per step). It lives in
+``core`` and imports only the standard library, so every layer that marks a step (host
+apply and journal, the endpoint's staging) may import it.
 """
 
 from __future__ import annotations

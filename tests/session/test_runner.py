@@ -1,0 +1,169 @@
+"""The runner under the CLI, the sessions and the agent (``filesync.session.runner``): its
+one retry policy, its self-sync guard and its deadline, over the local transport (the
+remote helper is a real local process) and remote shells reached through ``via``.
+
+The pool is the agent's (``KeptConduits``): it keeps connections between runs, as the
+agent and a session do, so that a connection can die while idle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from synctree import snapshot, write
+
+from filesync.agent.server import KeptConduits
+from filesync.core.exclude import ExcludeRule
+from filesync.core.reconcile import Direction
+from filesync.endpoint.helper import HelperEndpoint
+from filesync.errors import FilesyncError, SelfSync, TransportError
+from filesync.session.runner import Deadline, Job, JobOutcome, PassRun, Runner
+from filesync.sync.engine import Options, Report
+from filesync.sync.warm import WarmState
+from filesync.transport.base import Conduit
+from filesync.transport.target import ConnectOptions, Target
+
+RULE = ExcludeRule.build(default_excludes=False)
+
+
+class Rig:
+    """A runner over a pool that keeps its connections, and the trees of one pair."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.local, self.remote, self.state = tmp / "local", tmp / "remote", tmp / "state"
+        write(self.local / "a.txt", "a\n")
+        self.warm = WarmState()
+        self.pool = KeptConduits(self.warm)
+        self.runner = Runner(self.pool, self.warm, ConnectOptions())
+
+    def job(self, target: Target, *passes: PassRun) -> Job:
+        async def plan(_conduit: Conduit, _endpoint: object) -> list[PassRun]:
+            return list(passes)
+
+        return Job(target, plan)
+
+    def push(self, local: Path, remote: Path, remote_root: str | None = None) -> PassRun:
+        return PassRun(local, str(remote), Options(Direction.PUSH, rule=RULE,
+                                                   state_dir=self.state),
+                       remote_root=remote_root)
+
+    async def run(self, *jobs: Job, **kw: object) -> list[JobOutcome]:
+        return await self.runner.run(jobs, **kw)  # type: ignore[arg-type]
+
+    def kill_helpers(self) -> None:
+        """The remote side of every kept connection dies while idle (its helper is
+        killed: the next request finds the stream gone)."""
+        for conduit in list(self.warm.endpoints._open):
+            endpoint = self.warm.endpoints._open[conduit]
+            assert isinstance(endpoint, HelperEndpoint)
+            endpoint.proc.kill()
+
+    async def close(self) -> None:
+        await self.pool.close_all()
+        await self.warm.close()
+
+
+def report_of(outcome: JobOutcome, n: int = 0) -> Report:
+    result = outcome.passes[n][1]
+    assert isinstance(result, Report), result
+    return result
+
+
+async def test_a_kept_connection_that_died_idle_is_replaced_and_the_job_runs(
+        tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    target = Target("local", str(rig.remote))
+    try:
+        (first,) = await rig.run(rig.job(target, rig.push(rig.local, rig.remote)))
+        assert report_of(first).uploaded == 1 and rig.pool.opened == 1
+        rig.kill_helpers()
+        write(rig.local / "b.txt", "made while the connection lay dead\n")
+        (again,) = await rig.run(rig.job(target, rig.push(rig.local, rig.remote)))
+        assert again.error is None and report_of(again).uploaded == 1
+        assert rig.pool.opened == 2  # one new connection, the dead one discarded
+        assert snapshot(rig.remote) == snapshot(rig.local)
+    finally:
+        await rig.close()
+
+
+async def test_the_retry_happens_once(tmp_path: Path) -> None:
+    # A remote shell that serves the first connection and refuses every later one.
+    flag = tmp_path / "refuse"
+    via = f"sh -c '[ -e {flag} ] && exit 7; exec \"$@\"' --"
+    rig = Rig(tmp_path)
+    target = Target("via", str(rig.remote), via=via)
+    try:
+        (first,) = await rig.run(rig.job(target, rig.push(rig.local, rig.remote)))
+        assert report_of(first).uploaded == 1
+        flag.touch()
+        rig.kill_helpers()
+        (again,) = await rig.run(rig.job(target, rig.push(rig.local, rig.remote)))
+        assert isinstance(again.error, TransportError) and not again.passes
+        assert rig.pool.opened == 2  # the dead kept one, then one retry: no third
+    finally:
+        await rig.close()
+
+
+async def test_real_failures_are_not_retried(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    write(tmp_path / "file-root", "a file where the remote root should be\n")
+    try:
+        # A pass refused on a kept connection is that pass's result; no new connection.
+        target = Target("local", str(rig.remote))
+        await rig.run(rig.job(target, rig.push(rig.local, rig.remote)))
+        (refused,) = await rig.run(rig.job(target, rig.push(rig.local, tmp_path / "file-root")))
+        error = refused.passes[0][1]
+        assert isinstance(error, FilesyncError) and "not a directory" in error.message
+        assert rig.pool.opened == 1
+        # A connection lost on its first use, opened by this run: the job's error.
+        dead = Target("via", str(rig.remote), via="sh -c 'exit 7' --")
+        (lost,) = await rig.run(rig.job(dead, rig.push(rig.local, rig.remote)))
+        assert isinstance(lost.error, TransportError) and rig.pool.opened == 2
+    finally:
+        await rig.close()
+
+
+async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
+        tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    other = tmp_path / "other"
+    write(other / "b.txt", "b\n")
+    target = Target("local", str(tmp_path))
+    try:
+        # The second pair is one tree reached twice: the first pass must not run.
+        job = rig.job(target, rig.push(rig.local, rig.remote),
+                      rig.push(other, other, remote_root=str(other)))
+        (outcome,) = await rig.run(job)
+        assert isinstance(outcome.error, SelfSync) and not outcome.passes
+        assert not rig.remote.exists()
+        # A pass's own pair is checked too, while it lists.
+        (alone,) = await rig.run(rig.job(target, rig.push(other, other)))
+        assert isinstance(alone.passes[0][1], SelfSync)
+        # Without the guard (status, a dry run) nothing is checked.
+        dry = PassRun(other, str(other), Options(Direction.PUSH, rule=RULE,
+                                                 state_dir=rig.state, dry_run=True))
+        (planned,) = await rig.run(rig.job(target, dry), guard=False)
+        assert planned.error is None and [a.path for a in report_of(planned).plan] == ["b.txt"]
+    finally:
+        await rig.close()
+
+
+async def test_the_deadline_bounds_the_whole_run(tmp_path: Path) -> None:
+    # A remote shell that accepts the connection and never answers holds the run's
+    # planning: the deadline cuts every job of the run, and nothing is applied.
+    rig = Rig(tmp_path)
+    hanging = Target("via", str(rig.remote / "h"), via="sh -c 'sleep 60' --")
+    fine = Target("local", str(rig.remote))
+    expired = FilesyncError("the test's deadline ran out")
+    try:
+        outcomes = await rig.run(rig.job(fine, rig.push(rig.local, rig.remote)),
+                                 rig.job(hanging, rig.push(rig.local, rig.remote / "h")),
+                                 deadline=Deadline(1, lambda: expired))
+        assert [(o.error, o.passes) for o in outcomes] == [(expired, []), (expired, [])]
+        assert not rig.remote.exists()
+        # A run within its deadline is not cut.
+        (done,) = await rig.run(rig.job(fine, rig.push(rig.local, rig.remote)),
+                                deadline=Deadline(600, lambda: expired))
+        assert done.error is None and report_of(done).uploaded == 1
+    finally:
+        await rig.close()
