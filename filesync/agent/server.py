@@ -76,7 +76,7 @@ class KeptConduits(EndpointConduits):
 
     async def release(self, conduit: Conduit, healthy: bool) -> None:
         if healthy and conduit.alive:
-            return  # kept, with its helper session, for the next command
+            return  # kept, with its endpoint, for the next command
         for key, kept in list(self._open.items()):
             if kept is conduit:
                 await self._discard(key, kept)

@@ -47,6 +47,7 @@ from filesync.errors import (
     ConnectionLost,
     FilesyncError,
     InternalError,
+    SelfSync,
     SessionClosed,
     SessionTimeout,
     ShutdownError,
@@ -308,7 +309,7 @@ class AsyncSession:
         for spec, (_run, result) in zip(specs, outcome.passes, strict=False):
             if isinstance(result, Report):
                 report.add(spec.mapping, result)
-            elif not keep_going or isinstance(result, ConnectionLost):
+            elif not keep_going or isinstance(result, ConnectionLost | SelfSync):
                 raise result
             else:
                 report.failed.append((spec.mapping, result))

@@ -22,8 +22,9 @@ Guarantees:
   the runner's life;
 - the deadline (``Deadline``) bounds the whole run; the passes it cuts stop between
   journaled steps, nothing half-applied, and get the deadline's error as their result;
-- with ``keep_going=False`` a job stops at its first failed pass; a lost connection
-  always ends its job.
+- with ``keep_going=False`` a job stops at its first failed pass; a lost connection or a
+  self-sync refusal always ends its job, and is then also its ``error`` (the passes it
+  left unrun share it).
 
 Passes of different jobs that read one local root share their host walks and reads
 (``HostScans``); warm state (endpoints, state, watched trees, memos) is the runner's
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 from filesync.core.reconcile import Action
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
-from filesync.errors import ConnectionLost, FilesyncError, UsageError
+from filesync.errors import ConnectionLost, FilesyncError, SelfSync, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.session.selfsync import refuse_self_sync
 from filesync.sync.engine import Options, Report, run_pass
@@ -251,8 +252,15 @@ class Runner:
             except ConnectionLost as exc:
                 if n == 0 and ready.may_retry:
                     raise _DiedIdle from exc
+                # The connection is gone: the job ends here, its later passes with it.
                 outcome.passes.append((p, exc))
-                return  # the connection is gone: the job ends here
+                outcome.error = exc
+                return
+            except SelfSync as exc:
+                # One tree reached twice: nothing more of the job runs.
+                outcome.passes.append((p, exc))
+                outcome.error = exc
+                return
             except FilesyncError as exc:
                 outcome.passes.append((p, exc))
                 if not how.keep_going:

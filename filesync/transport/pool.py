@@ -7,7 +7,7 @@ reused, so that a pass that finds a reused connection dead can be retried once o
 one (a pass that failed on a dead connection changed nothing).
 
 The pool knows nothing of what runs on a conduit: a layer above that started something
-there (the endpoint's helper session) ends it in ``end``, which ``release`` calls before
+there (the endpoint, its helper) ends it in ``end``, which ``release`` calls before
 closing.
 """
 

@@ -136,9 +136,12 @@ async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
         (outcome,) = await rig.run(job)
         assert isinstance(outcome.error, SelfSync) and not outcome.passes
         assert not rig.remote.exists()
-        # A pass's own pair is checked too, while it lists.
-        (alone,) = await rig.run(rig.job(target, rig.push(other, other)))
-        assert isinstance(alone.passes[0][1], SelfSync)
+        # A pass's own pair is checked too, while it lists; the refusal ends its job.
+        (alone,) = await rig.run(rig.job(target, rig.push(other, other),
+                                         rig.push(rig.local, rig.remote)))
+        assert isinstance(alone.error, SelfSync) and alone.passes == [(alone.passes[0][0],
+                                                                        alone.error)]
+        assert not rig.remote.exists()
         # Without the guard (status, a dry run) nothing is checked.
         dry = PassRun(other, str(other), Options(Direction.PUSH, rule=RULE,
                                                  state_dir=rig.state, dry_run=True))
