@@ -227,8 +227,10 @@ class Runner:
                 ready = again
                 await self._job_passes(ready, outcome, how)
         except FilesyncError as exc:
+            # A refusal before the passes (self-sync) leaves the connection as good as it
+            # was; only a lost one is given back unhealthy.
             outcome.error, outcome.done = exc, True
-            await self.pool.release(ready.conduit, False)
+            await self.pool.release(ready.conduit, not isinstance(exc, ConnectionLost))
             return
         except BaseException:
             await self.pool.release(ready.conduit, False)

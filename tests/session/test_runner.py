@@ -147,6 +147,7 @@ async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
                                                  state_dir=rig.state, dry_run=True))
         (planned,) = await rig.run(rig.job(target, dry), guard=False)
         assert planned.error is None and [a.path for a in report_of(planned).plan] == ["b.txt"]
+        assert rig.pool.opened == 1  # a refusal leaves the connection kept, as good as it was
     finally:
         await rig.close()
 
