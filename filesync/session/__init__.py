@@ -12,7 +12,10 @@ The library face for agent frameworks (above ``filesync.sync``, below ``filesync
 
 The guarantees of each call are in ``filesync.session.aio``; the mapping rules (single
 files, nested mappings, upload-only) in ``filesync.session.passes``; the self-sync guard
-in ``filesync.session.selfsync``. ``docs/library.md`` is the user's guide.
+in ``filesync.session.selfsync``; every call's passes, like the CLI's and the agent's, run
+through ``filesync.session.runner`` (its retry, guard and deadline), and each session owns
+its warm state (``filesync.sync.warm.WarmState``). ``docs/library.md`` is the user's
+guide.
 """
 
 from filesync.session.aio import AsyncSession, SessionReport
