@@ -82,8 +82,7 @@ class SessionReport(Report):
 
     def add(self, mapping: Mapping, report: Report) -> None:
         self.passes.append((mapping, report))
-        for name in ("uploaded", "downloaded", "deleted_local", "deleted_remote", "excluded",
-                     "bytes_sent", "bytes_received"):
+        for name in ("excluded", "bytes_sent", "bytes_received"):
             setattr(self, name, getattr(self, name) + getattr(report, name))
         self.seconds += report.seconds
         self.conflicts += report.conflicts

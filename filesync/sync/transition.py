@@ -27,19 +27,16 @@ from filesync.host.apply import HostOp, HostTree, OpResult
 from filesync.host.journal import Journal, commit_journal, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
-from filesync.sync.changes import Change, ChangeAction
+from filesync.sync.changes import Change, ChangeAction, CountsChanges
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.tree.wire import SAFETY, Reason, Status
 
 
 @dataclass
-class Transitioned:
-    """What a transition did. Built up by the transition only, then handed back."""
+class Transitioned(CountsChanges):
+    """What a transition did. Built up by the transition only, then handed back; its
+    counters are counted from ``changes``."""
 
-    uploaded: int = 0
-    downloaded: int = 0
-    deleted_local: int = 0
-    deleted_remote: int = 0
     conflicts: list[dict[str, str]] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -241,7 +238,6 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
                 read_rows[o.path] = (entry.size, entry.mtime_ns, entry.ino, r.digest)
             rows.append((o.path, Ancestor(r.digest, r.size, mode, o.size, o.mtime_ns,
                                           inputs.now)))
-            out.uploaded += 1
             out.changes.append(Change(o.path, ChangeAction.UPLOAD, r.size))
         else:
             _failed(out, o.path, o.status, o.reason, "upload", o.code)
@@ -270,7 +266,6 @@ async def _delete_remote(
     for o in await inputs.session.delete(inputs.remote_root, entries):
         if o.status == Status.OK:
             gone.append(o.path)
-            out.deleted_remote += 1
             out.changes.append(Change(o.path, ChangeAction.DELETE_REMOTE))
         else:
             _failed(out, o.path, o.status, o.reason, "remote delete", o.code)
@@ -343,10 +338,8 @@ def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned
         path = r.op.path
         if r.status == Status.OK:
             if r.op.kind == "write":
-                out.downloaded += 1
                 out.changes.append(Change(path, ChangeAction.DOWNLOAD, staged[path].size))
             else:
-                out.deleted_local += 1
                 out.changes.append(Change(path, ChangeAction.DELETE_LOCAL))
         elif r.status == Status.CHANGED and r.op.kind == "write":
             # Edited on the host since the scan: keep it, save the remote version.
