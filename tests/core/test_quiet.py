@@ -52,14 +52,22 @@ def versions(a: Ancestor, e: Entry, host_hash: str, host_mode: int) -> tuple[
             Version(remote_hash, e.mode & 0o777))
 
 
-@given(rows)
-def test_the_filters_hold_exactly_where_decide_has_nothing_to_do(
-    table: dict[str, tuple[Ancestor, Entry, str, int]],
-) -> None:
+Table = dict[str, tuple[Ancestor, Entry, str, int]]
+Sides = tuple[dict[str, Ancestor], dict[str, Entry], dict[str, str], dict[str, Entry]]
+
+
+def sides(table: Table) -> Sides:
+    """The ancestors, the remote listing, the host hashes and the host listing of rows."""
     anc = {p: a for p, (a, _, _, _) in table.items()}
     rfiles = {p: e._replace(path=p) for p, (_, e, _, _) in table.items()}
     hashes = {p: h for p, (_, _, h, _) in table.items()}
     host = {p: Entry(p, "f", 1, 1, 0o100000 | m, 1) for p, (_, _, _, m) in table.items()}
+    return anc, rfiles, hashes, host
+
+
+@given(rows)
+def test_the_filters_hold_exactly_where_decide_has_nothing_to_do(table: Table) -> None:
+    anc, rfiles, hashes, host = sides(table)
     same = unchanged_remote(anc, rfiles, RACY_NS)
     quiet = quiet_paths(anc, hashes, host, rfiles, same)
     assert quiet <= same
@@ -76,16 +84,11 @@ def test_the_filters_hold_exactly_where_decide_has_nothing_to_do(
 
 
 @given(rows)
-def test_the_listing_order_does_not_change_the_answer(
-    table: dict[str, tuple[Ancestor, Entry, str, int]],
-) -> None:
-    anc = {p: a for p, (a, _, _, _) in table.items()}
-    rfiles = {p: e._replace(path=p) for p, (_, e, _, _) in table.items()}
-    hashes = {p: h for p, (_, _, h, _) in table.items()}
-    host = {p: Entry(p, "f", 1, 1, 0o100000 | m, 1) for p, (_, _, _, m) in table.items()}
+def test_the_listing_order_does_not_change_the_answer(table: Table) -> None:
+    anc, rfiles, hashes, host = sides(table)
     same = unchanged_remote(anc, rfiles, RACY_NS)
     backwards = dict(reversed(rfiles.items()))
     assert unchanged_remote(anc, backwards, RACY_NS) == same
-    # ``same`` may hold paths the order listing lacks: the filter then reads ``same`` itself
+    # ``same`` may hold paths the listing lacks: the filter then reads ``same`` itself
     assert quiet_paths(anc, hashes, host, {}, same) \
         == quiet_paths(anc, hashes, host, backwards, same)
