@@ -358,22 +358,22 @@ def delete_file(rfd: int, rel: str, expect: list[int]) -> list[Any]:
         parts = split_rel(rel)
         pfd = open_parent(rfd, parts, False)
     except FileNotFoundError:
-        return [rel, "ok"]
+        return [rel, Status.OK]
     except (OSError, ValueError) as exc:
-        return [rel, "error", *reason_of(exc)]
+        return [rel, Status.ERROR, *reason_of(exc)]
     try:
         st = stat_at(pfd, parts[-1])
         if st is None:
-            return [rel, "ok"]
+            return [rel, Status.OK]
         if not unchanged(st, expect):
-            return [rel, "changed", Reason.CHANGED.value, ""]
+            return [rel, Status.CHANGED, Reason.CHANGED.value, ""]
         os.unlink(parts[-1], dir_fd=pfd)
     except OSError as exc:
-        return [rel, "error", *reason_of(exc)]
+        return [rel, Status.ERROR, *reason_of(exc)]
     finally:
         os.close(pfd)
     prune_empty_dirs(rfd, parts[:-1])
-    return [rel, "ok"]
+    return [rel, Status.OK]
 
 
 def prune_empty_dirs(rfd: int, dirs: list[str]) -> None:

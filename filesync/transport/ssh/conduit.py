@@ -38,7 +38,7 @@ from pathlib import Path
 from filesync.errors import ConnectionLost, TransportError
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.ssh._asyncssh import asyncssh, reason
-from filesync.transport.ssh.config import Resolved, SshConfig, SshTarget
+from filesync.transport.ssh.config import HopSettings, SshConfig, SshTarget
 from filesync.transport.ssh.hostkeys import HostKeys, fmt_host
 
 __all__ = ["SshConduit", "SshProcess", "SshTarget", "connect"]
@@ -290,7 +290,7 @@ class _Connector:
         follow_jump: bool,
         depth: int,
         what: str,
-    ) -> tuple[asyncssh.SSHClientConnection, Resolved, _Client]:
+    ) -> tuple[asyncssh.SSHClientConnection, HopSettings, _Client]:
         """Connect and log in to one hop, first opening its ProxyJump chain if any."""
         if depth > _MAX_JUMP_DEPTH:
             raise TransportError(
@@ -347,7 +347,7 @@ class _Connector:
         return conn, res, client
 
     def _explain(
-        self, exc: BaseException, res: Resolved, host_keys: HostKeys, what: str
+        self, exc: BaseException, res: HopSettings, host_keys: HostKeys, what: str
     ) -> TransportError:
         """Turn a connect failure into one line naming the cause and the fix."""
         name = f"{what} {res.label}" if what != "host" else res.label
