@@ -60,8 +60,8 @@ def _mib(n: int) -> str:
 
 
 async def _demo(workdir: Path) -> None:
+    from filesync.cli.demo_server import start_server
     from filesync.transport.ssh.conduit import SshTarget, connect
-    from filesync.transport.ssh.server import start_server
 
     host_skills = workdir / "laptop" / ".hermes" / "skills"
     remote_home = workdir / "remote-home"

@@ -1,8 +1,8 @@
 """asyncssh for the SSH client modules, imported without the liboqs lookup.
 
-Guarantees: ``conduit``, ``config``, ``hostkeys`` and ``server`` take asyncssh from here
-only, so
-whichever of them is imported first, asyncssh is imported once with the lookup
+Guarantees: ``conduit``, ``config``, ``hostkeys`` and the demo's server
+(``filesync.cli.demo_server``) take asyncssh from here only, so whichever of them is
+imported first, asyncssh is imported once with the lookup
 skipped and ``ctypes.util.find_library`` put back. ``reason()`` renders an asyncssh
 or OS error as one line, the form every ``TransportError`` and ``ConnectionLost``
 of these modules embeds. asyncssh is an extra (``filesync[asyncssh]``): without it,
