@@ -136,7 +136,7 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
             walk = start_walk(inputs.local_root, opts.rule, opts.watch)
         started_ns, walking = walk.started_ns, walk.listing
     # The state's tables are read in a thread too, while this task waits for the remote
-    # listing (a 100k-file pair: ~0.4 s of rows that would otherwise come before it).
+    # listing: a large pair's rows would otherwise come before it.
     reading = offthread.start(_read_state, state)
     try:
         if remote is None:

@@ -402,8 +402,8 @@ def _update_caches(
         new = rows or read_rows  # no copy: one side is all there is (a first push: read_rows)
     old = scans.old_cache
     if not _same_objects(new, old):
-        # Only what changed is written: C-level passes find it (a Python loop over a
-        # 100k-file cache took ~40 ms).
+        # Only what changed is written: C-level passes find it, not a Python loop per
+        # row, which a warm pass over a large tree would pay (docs/benchmarks.md).
         changed = dict(compress(new.items(), map(ne, map(old.get, new), new.values()))) \
             if old else new
         inputs.state.update_local_cache(changed, old.keys() - new.keys())

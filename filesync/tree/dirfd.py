@@ -273,8 +273,8 @@ class TempFile:
 def start_writeback(fd: int) -> None:
     """Have the kernel start writing ``fd``'s dirty pages now, without waiting: the fsyncs
     of a batch, issued after all of its writes, then find the data on its way and share
-    the journal commits (ext4: 3k files in 12 s instead of 31-47 s one fsync at a time on
-    a busy disk). Best effort: without ``posix_fadvise`` the fsync does it all."""
+    the journal commits instead of waiting one fsync at a time (``docs/benchmarks.md``).
+    Best effort: without ``posix_fadvise`` the fsync does it all."""
     with contextlib.suppress(OSError, AttributeError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 #: How long a finished client may take to exit, or a dying master to die.
 GRACE = 2.0
-# Liveness when the user's config sets none: three missed 15 s probes end the master, so
-# a dead peer is noticed within a minute (ServerAliveCountMax's default is already 3).
+# Liveness when the user's config sets none: three missed probes, ``_ALIVE_INTERVAL``
+# seconds apart, end the master, so a dead peer is noticed within a minute
+# (ServerAliveCountMax's default is already 3).
 _ALIVE_INTERVAL = 15
 # How long ``stop`` waits for ``ssh -O exit`` and then for the master to go.
 _STOP_TIMEOUT = 10.0
