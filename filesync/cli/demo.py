@@ -63,7 +63,7 @@ def _mib(n: int) -> str:
 
 
 async def _demo(workdir: Path) -> None:
-    from filesync.transport.ssh.server import start_server
+    from filesync.cli.demo_server import start_server
 
     host_skills = workdir / "laptop" / ".hermes" / "skills"
     remote_home = workdir / "remote-home"

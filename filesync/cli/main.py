@@ -227,9 +227,9 @@ def run() -> NoReturn:
     the process ends. The process is filesync's own, so it also sets its collector's
     pace (``FULL_COLLECTION_THRESHOLD``); ``main``, which a host program may call, does not.
 
-    It ends without the interpreter's teardown (freeing every module and object: about
-    20 ms of a cold run) whenever that is safe: output flushed, no other thread running, no
-    profiler or debugger attached.
+    It ends without the interpreter's teardown (freeing every module and object, a
+    noticeable part of a cold run) whenever that is safe: output flushed, no other thread
+    running, no profiler or debugger attached.
     By then every file filesync wrote is closed and synced and the state databases are
     closed; the ``atexit`` handlers still run (a login nobody took over is ended, coverage
     data is saved). Otherwise it exits as ``sys.exit`` does.

@@ -15,8 +15,9 @@ FILE = "f"
 class Entry(NamedTuple):
     """One listed path. ``path`` is POSIX and relative to the root.
 
-    A named tuple, not a dataclass: each walk builds one per file (a frozen dataclass
-    takes twice as long to build, 1 ms per 3k files on both sides of every pass).
+    A named tuple, not a dataclass: each walk builds one per file on both sides of every
+    pass, and a frozen dataclass is the slower row to build (figures in
+    ``docs/benchmarks.md``).
     """
 
     path: str

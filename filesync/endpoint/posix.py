@@ -504,13 +504,13 @@ class PosixEndpoint:
                                  f"remote tar did not get the whole stream ({why})")
             else:
                 state, reason = status.get(i, ("missing", ""))
-                if state == "ok":
+                if state == Status.OK:
                     size, mtime_ns, _tok = stats.get(temp, (sent.get(i, 0), 0, ""))
                     out[i] = Outcome(item.path, Status.OK, size, mtime_ns)
-                elif state == "changed":
+                elif state == Status.CHANGED:
                     out[i] = Outcome(item.path, Status.CHANGED, reason=describe(Reason.CHANGED),
                                      code=Reason.CHANGED)
-                elif state == "error":
+                elif state == Status.ERROR:
                     out[i] = _failed(item.path, *result_reason(reason or "os rename failed"))
                 else:
                     code, text = not_written.get(temp, (Reason.OS_ERROR,
@@ -567,10 +567,10 @@ class PosixEndpoint:
         status = statuses(lines)
         out: dict[int, Outcome] = {}
         for i, e in asked:
-            state, reason = status.get(i, ("error", "os no answer from the remote"))
-            if state == "ok":
+            state, reason = status.get(i, (Status.ERROR, "os no answer from the remote"))
+            if state == Status.OK:
                 out[i] = Outcome(e.path, Status.OK)
-            elif state == "changed":
+            elif state == Status.CHANGED:
                 out[i] = Outcome(e.path, Status.CHANGED, reason=describe(Reason.CHANGED),
                                  code=Reason.CHANGED)
             else:

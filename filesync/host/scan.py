@@ -111,7 +111,7 @@ def list_local(root: Path, rule: ExcludeRule, trees: WatchedTrees | None = None)
 
 def walk_digest(rows: list[list[object]], skipped: list[list[str]], excluded: int) -> str:
     """The digest of one walk's rows (path, kind, size, mtime, mode, inode, links, in walk
-    order), skipped rows and excluded count: ~16 ms for 100k rows.
+    order), skipped rows and excluded count.
 
     marshal's format 2 has no back-references, so equal rows always give equal bytes; each
     piece is self-delimiting, so the pieces' concatenation stands for the rows alone. In
@@ -214,9 +214,9 @@ def scan_cached(
     """
     scan = LocalScan(listing, started_ns=started_ns)
     entries = listing.entries
-    # C-level passes instead of a Python loop per file (a warm 100k-file pass spent
-    # ~60 ms here): each entry's cache row (or a row that matches nothing), then
-    # (size, mtime_ns, ino) against the row's first three fields.
+    # C-level passes instead of a Python loop per file, which a warm pass over a large
+    # tree would pay (docs/benchmarks.md): each entry's cache row (or a row that matches
+    # nothing), then (size, mtime_ns, ino) against the row's first three fields.
     # (The stand-in rows never hit: they are dropped before a row is used.)
     rows = cast(list[CacheRow], list(map(cache.get, entries, repeat(_NO_ROW))))
     hit = list(map(eq, map(_ENTRY_STAT, entries.values()), map(_ROW_STAT, rows)))

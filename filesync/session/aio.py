@@ -85,9 +85,9 @@ class SessionReport(Report):
     failed: list[tuple[Mapping, FilesyncError]] = field(default_factory=list)
 
     def add(self, mapping: Mapping, report: Report) -> None:
+        """Add one pass's ``report`` for ``mapping``: its sums and lists join this one's."""
         self.passes.append((mapping, report))
-        for name in ("uploaded", "downloaded", "deleted_local", "deleted_remote", "excluded",
-                     "bytes_sent", "bytes_received"):
+        for name in ("excluded", "bytes_sent", "bytes_received"):
             setattr(self, name, getattr(self, name) + getattr(report, name))
         self.seconds += report.seconds
         self.conflicts += report.conflicts
@@ -198,15 +198,31 @@ class AsyncSession:
     # -- the calls ----------------------------------------------------------------
 
     async def push(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
-        """Push every mapping (two-way and upload-only): the remote gets the local state."""
+        """Push every mapping (two-way and upload-only): the remote gets the local state.
+
+        On return each host file is on the remote as the pass scanned it (but what it
+        skipped, ``report.skipped``), and a remote file the host deleted is gone; a
+        remote edit it replaced was saved first (``report.conflicts``); remote-only files
+        never pushed are left alone. On a failure the passes before it are done and
+        recorded, and nothing is half-applied."""
         return await self._call(Call.PUSH, mappings, keep_going)
 
     async def pull(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
-        """Pull the two-way mappings; upload-only ones are never written back."""
+        """Pull the two-way mappings; upload-only ones are never written back.
+
+        On return a remote change since the last pass is on the host (but what it
+        skipped, ``report.skipped``); where the host changed the file too, the host's
+        version stays and the remote's is saved (``report.conflicts``). A failure leaves
+        nothing half-applied."""
         return await self._call(Call.PULL, mappings, keep_going)
 
     async def sync(self, mappings: Mappings, *, keep_going: bool = False) -> SessionReport:
-        """Sync two-way mappings both ways (conflicts keep both versions); push the rest."""
+        """Sync two-way mappings both ways (conflicts keep both versions); push the rest.
+
+        On return a change made on one side since the last pass is on the other (but
+        what it skipped, ``report.skipped``); a file changed differently on both sides is
+        an open conflict with both versions kept (an edit against a deletion: the edit
+        wins). A failure leaves nothing half-applied."""
         return await self._call(Call.SYNC, mappings, keep_going)
 
     async def status(self, mappings: Mappings) -> SessionReport:
@@ -246,6 +262,7 @@ class AsyncSession:
                 await self._warm.close()
 
     async def __aenter__(self) -> AsyncSession:
+        """The session itself; leaving the block awaits ``close()``."""
         return self
 
     async def __aexit__(

@@ -167,6 +167,7 @@ class Session:
             self.close()
 
     def __enter__(self) -> Session:
+        """The session itself; leaving the block runs ``close()``."""
         return self
 
     def __exit__(
@@ -372,6 +373,8 @@ class Watch:
 
     @property
     def running(self) -> bool:
+        """True until the watch ended (``stop`` returned, an error stopped it, or the
+        session closed)."""
         return self.loop.running
 
     @property
@@ -380,6 +383,9 @@ class Watch:
         return self.loop.error
 
     def stop(self) -> None:
+        """End the watch after one last pass, which is done when this returns (from any
+        thread but the session's own: ``UsageError`` there); raises what stopped the
+        watch early, if anything (after ``close()``, which ran the last pass, only that)."""
         self._session._refuse_own_thread()
         aio_loop = self._session._loop
         if aio_loop is None:  # the session was closed: close() stopped the watch

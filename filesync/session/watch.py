@@ -143,6 +143,7 @@ class WatchLoop(Generic[R]):
 
     @property
     def running(self) -> bool:
+        """True from the start until the loop ended (``stop``, or an error)."""
         return self._task is not None and not self._task.done()
 
     def interrupt(self) -> None:

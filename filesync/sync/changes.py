@@ -46,3 +46,33 @@ class Change:
     action: ChangeAction
     bytes: int = 0
 
+
+
+class CountsChanges:
+    """The per-action counters of a record that holds ``changes``, counted from them: a
+    counter never disagrees with the list it counts."""
+
+    changes: list[Change]
+
+    def _count(self, action: ChangeAction) -> int:
+        return sum(1 for c in self.changes if c.action is action)
+
+    @property
+    def uploaded(self) -> int:
+        """Files written on the remote (``upload`` records)."""
+        return self._count(ChangeAction.UPLOAD)
+
+    @property
+    def downloaded(self) -> int:
+        """Files written on the host (``download`` records)."""
+        return self._count(ChangeAction.DOWNLOAD)
+
+    @property
+    def deleted_local(self) -> int:
+        """Files deleted on the host (``delete-local`` records)."""
+        return self._count(ChangeAction.DELETE_LOCAL)
+
+    @property
+    def deleted_remote(self) -> int:
+        """Files deleted on the remote (``delete-remote`` records)."""
+        return self._count(ChangeAction.DELETE_REMOTE)

@@ -1,12 +1,16 @@
 """One pass over one pair: scan both sides, reconcile, then transition.
 
-``run_pass`` builds the pass's frozen inputs once, hands them to the planning steps
-(``filesync.sync.plan``) and to the transition (``filesync.sync.transition``), and folds
-what each returns into the ``Report``. The guards (``filesync.core.guards``) refuse the
-whole run before anything changes. The transition re-checks every target against the
-scan before touching it: the remote helper refuses to replace or delete a file whose size
-or mtime moved, and the host apply does the same through the journal. Whatever was not
-confirmed is not recorded, so the next run picks it up again.
+``run_pass`` builds the pass's frozen inputs once and runs the steps in order, each
+reading those inputs and returning what it found: the host's recovery
+(``plan.recover_host``), the seal check (``seal.check``: a pass on the sealed listings
+ends here), the scan, the remote versions, the fetch and the plan (``filesync.sync.plan``),
+the transition (``filesync.sync.transition``), retention, and the seal a clean pass
+leaves (``seal.seal_for``). What each returns is folded into the ``Report``. The guards
+(``filesync.core.guards``) refuse the whole run before anything changes. The transition
+re-checks every target against the scan before touching it: the remote helper refuses to
+replace or delete a file whose size or mtime moved, and the host apply does the same
+through the journal. Whatever was not confirmed is not recorded, so the next run picks
+it up again.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from filesync.host.retention import Pruned, prune_runs, run_of
 from filesync.host.shared_scan import HostScans
 from filesync.host.state import ConflictRecord, open_pair
 from filesync.sync import plan as planning
-from filesync.sync.changes import Change, ChangeAction
+from filesync.sync import seal as sealing
+from filesync.sync.changes import Change, ChangeAction, CountsChanges
 from filesync.sync.inputs import Options, PassInputs
-from filesync.sync.seal import seal_for
 from filesync.sync.staging import StagingSink
 from filesync.sync.transition import Transitioned, transition
 from filesync.sync.warm import WarmState
@@ -40,19 +44,16 @@ from filesync.transport.base import Conduit
 
 
 @dataclass
-class Report:
+class Report(CountsChanges):
     """What a pass did: ``changes`` names each file done (``filesync.sync.changes``), the
-    counters count them, ``conflicts`` and ``skipped`` say why others were not.
+    counters (``uploaded``, ``downloaded``, ``deleted_local``, ``deleted_remote``) are
+    counted from them, ``conflicts`` and ``skipped`` say why others were not.
 
     A dry run (and ``status``) changes nothing: ``changes`` stays empty and ``plan``
     carries what would be done, with ``open_conflicts``. ``docs/json.md`` documents
     ``to_json``'s fields.
     """
 
-    uploaded: int = 0
-    downloaded: int = 0
-    deleted_local: int = 0
-    deleted_remote: int = 0
     conflicts: list[dict[str, str]] = field(default_factory=list)
     excluded: int = 0
     skipped: list[Skipped] = field(default_factory=list)
@@ -91,10 +92,6 @@ class Report:
 
     def fold(self, done: Transitioned) -> None:
         """Add what a transition did."""
-        self.uploaded += done.uploaded
-        self.downloaded += done.downloaded
-        self.deleted_local += done.deleted_local
-        self.deleted_remote += done.deleted_remote
         self.conflicts += done.conflicts
         self.skipped += done.skipped
         self.errors += done.errors
@@ -207,13 +204,18 @@ async def _pass(
     opts = inputs.opts
     if checking is not None and inputs.state.journal_path.exists():
         await checking  # the recovery in ``scan`` changes the host tree
-    scans = await planning.scan(inputs, walk)
+    walk = await planning.recover_host(inputs, walk)
+    sealed = await sealing.check(inputs, walk)
+    if isinstance(sealed, sealing.Sealed):
+        if checking is not None:
+            await checking
+        report.excluded = sealed.excluded
+        report.open_conflicts = list(inputs.state.conflicts().values())
+        return
+    scans = await planning.scan(inputs, walk, sealed)
     if checking is not None:
         await checking  # before anything is fetched or applied
     report.excluded = scans.excluded
-    if isinstance(scans, planning.Sealed):
-        report.open_conflicts = list(inputs.state.conflicts().values())
-        return
     planning.require_remote_source(inputs, scans)
     check_roots(opts.direction, len(scans.ancestors), len(scans.local.listing.files()),
                 len(scans.remote.files()), str(inputs.local_root), inputs.remote_root,
@@ -233,7 +235,7 @@ async def _pass(
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
     clean = not (report.skipped or report.errors or report.open_conflicts)
-    seal = seal_for(inputs, scans, planned, clean)
+    seal = sealing.seal_for(inputs, scans, planned, clean)
     if seal is not None:
         inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 

@@ -27,41 +27,62 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from filesync.tree.bounded import Bounded
 
 #: Pairs remembered per owner (the agent serves a few, a fan-out one per remote).
 PAIRS = 8
 
+R = TypeVar("R")
 
-@dataclass(slots=True)
-class _Kept:
-    inputs: tuple[dict[Any, Any] | frozenset[Any], ...]
-    result: object
+
+@dataclass(frozen=True, slots=True)
+class CachedScan:
+    """What ``scan_cached`` found, as the memo keeps it (copies, never changed)."""
+
+    hashes: dict[str, str]
+    misses: tuple[str, ...]
+    cache_rows: dict[str, tuple[int, int, int, str]]
+
+
+class Kept(Generic[R]):
+    """One result of a pass with copies of the inputs it was computed from."""
+
+    __slots__ = ("_inputs", "_result")
+
+    def __init__(self) -> None:
+        self._inputs: tuple[dict[Any, Any] | frozenset[Any], ...] = ()
+        self._result: R | None = None
+
+    def get(self, *inputs: Mapping[Any, Any] | Set[Any]) -> R | None:
+        """The kept result if it came from inputs equal to ``inputs`` (in this order)."""
+        if self._result is None or len(self._inputs) != len(inputs):
+            return None
+        for old, new in zip(self._inputs, inputs, strict=True):
+            if len(old) != len(new) or old != new:
+                return None
+        return self._result
+
+    def put(self, result: R, *inputs: Mapping[Any, Any] | Set[Any]) -> None:
+        """Keep ``result`` (which its user never changes) with copies of the ``inputs``
+        it was computed from."""
+        self._inputs = tuple(frozenset(i) if isinstance(i, Set) else dict(i) for i in inputs)
+        self._result = result
 
 
 class PassMemo:
-    """The kept results of one pair (see the module docstring)."""
+    """The kept results of one pair (see the module docstring), one field each."""
+
+    __slots__ = ("quiet", "same", "scan")
 
     def __init__(self) -> None:
-        self._kept: dict[str, _Kept] = {}
-
-    def get(self, name: str, *inputs: Mapping[Any, Any] | Set[Any]) -> object | None:
-        """The result kept under ``name`` if it came from inputs equal to ``inputs``."""
-        kept = self._kept.get(name)
-        if kept is None or len(kept.inputs) != len(inputs):
-            return None
-        for old, new in zip(kept.inputs, inputs, strict=True):
-            if len(old) != len(new) or old != new:
-                return None
-        return kept.result
-
-    def put(self, name: str, result: object, *inputs: Mapping[Any, Any] | Set[Any]) -> None:
-        """Keep ``result`` (which its user never changes) with copies of the ``inputs``
-        it was computed from."""
-        copies = tuple(frozenset(i) if isinstance(i, Set) else dict(i) for i in inputs)
-        self._kept[name] = _Kept(copies, result)
+        #: ``unchanged_remote``'s answer, of (ancestors, remote listing)
+        self.same: Kept[frozenset[str]] = Kept()
+        #: ``quiet_paths``'s answer, of (same, ancestors, host hashes, host listing)
+        self.quiet: Kept[frozenset[str]] = Kept()
+        #: ``scan_cached``'s answer, of (host listing, stat cache)
+        self.scan: Kept[CachedScan] = Kept()
 
 
 class PassMemos:

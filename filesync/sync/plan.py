@@ -4,11 +4,10 @@ Every step reads the frozen ``PassInputs`` and returns what it found; nothing is
 in between but what the engine passes on. A path whose version is unknown this run
 (unreadable, skipped, vanished while fetched) is left out of the plan entirely: absent
 is never read as deleted. Most files of a large tree are unchanged on all three sides;
-those are found by C-level passes over the listings (``_unchanged_remote``,
-``_quiet``) that decide exactly what the per-file rules below decide
-(tests/perf/test_perf_plan.py swaps in the per-file rules and compares). A watched pass
-reuses the last pass's results of those two where their inputs compare equal
-(``sync.memo``).
+those are taken out first by the bulk filters of ``filesync.core.quiet``
+(``unchanged_remote``, ``quiet_paths``), which hold exactly where ``decide()`` has nothing
+to do, and only the rest is reconciled. A watched pass reuses the last pass's results of
+those two where their inputs compare equal (``sync.memo``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from typing import Any
 from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing, Skipped
+from filesync.core.quiet import quiet_paths, unchanged_remote
 from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.journal import recover
@@ -38,8 +38,8 @@ from filesync.host.scan import (
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
-from filesync.sync import seal as sealing
 from filesync.sync.inputs import PassInputs, Planned, Scans
+from filesync.sync.memo import CachedScan
 from filesync.tree.wire import Reason
 
 
@@ -95,22 +95,13 @@ def start_walk(local_root: Path, rule: ExcludeRule, trees: WatchedTrees | None) 
     return Walk(started_ns, listing)
 
 
-@dataclass(frozen=True)
-class Sealed:
-    """Both listings are those of the pass that sealed the pair (``sync.seal``)."""
+async def recover_host(inputs: PassInputs, walk: Walk | None) -> Walk | None:
+    """Finish any interrupted apply (``host.journal.recover``) before anything is listed.
 
-    #: what that pass reported excluded
-    excluded: int
-
-
-async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
-    """Finish any interrupted apply, then list both sides and hash what will be compared;
-    or, when both listings are the sealed ones, ``Sealed`` (nothing read or compared).
-
-    ``walk``: the host walk ``start_walk`` began; it is used unless a recovery changed the
-    host tree under it (then the host is walked again, after the recovery)."""
-    state, opts = inputs.state, inputs.opts
-    shared = inputs.host_scans
+    Returns the host walk the pass goes on with: ``walk`` (started by ``start_walk``), or a
+    new one when the recovery changed the host tree under it or none was started; None for
+    a fan-out's pass, whose walks are shared (``HostScans``, told of the recovery)."""
+    state, shared = inputs.state, inputs.host_scans
     if state.journal_path.exists():
         if shared is not None:
             shared.changed(inputs.local_root)  # recover is about to change the host tree
@@ -119,11 +110,25 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
                 await walk.listing  # walked before the recovery: stale
             walk = None
     recover(state, inputs.local_root)
+    if shared is not None:
+        return None
+    return walk if walk is not None else start_walk(
+        inputs.local_root, inputs.opts.rule, inputs.trees)
+
+
+async def scan(inputs: PassInputs, walk: Walk | None = None,
+               remote: Listing | None = None) -> Scans:
+    """List both sides and hash what will be compared (after ``recover_host``).
+
+    ``walk``: the host walk to use (one is started when None, unless the pass shares the
+    walks of a fan-out); ``remote``: the remote listing, when the seal step already read
+    it (``sync.seal.check``)."""
+    state, opts = inputs.state, inputs.opts
+    shared = inputs.host_scans
     # The host walk (stat only) runs in a thread while the state is read and the
     # remote lists; the stat cache is applied to it afterwards. A fan-out's passes share
     # one walk of the root (``HostScans``) instead.
     walking: Awaitable[Listing | tuple[Listing, int]]
-    remote: Listing | None = None
     if shared is not None:
         started_ns = time.time_ns()
         walking = shared.listing(inputs.local_root, opts.rule, inputs.trees, started_ns)
@@ -131,20 +136,8 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
         if walk is None:
             walk = start_walk(inputs.local_root, opts.rule, inputs.trees)
         started_ns, walking = walk.started_ns, walk.listing
-        seal = inputs.state.seal() if sealing.may_use(inputs) else None
-        # Sealed: the host walk (done long before the remote's listing, usually)
-        # decides whether the listing is worth comparing before it is decoded.
-        if seal is not None and seal.fingerprint == sealing.fingerprint(opts) \
-                and (await walk.listing).digest == seal.host:
-            remote = await inputs.endpoint.list_tree_unless(
-                inputs.remote_root, opts.rule, seal.remote)
-            if remote is None:
-                if opts.log is not None:
-                    opts.log("both listings are as the last pass found them in sync: "
-                             "nothing to compare")
-                return Sealed(seal.excluded)
     # The state's tables are read in a thread too, while this task waits for the remote
-    # listing (a 100k-file pair: ~0.4 s of rows that would otherwise come before it).
+    # listing: a large pair's rows would otherwise come before it.
     reading = offthread.start(_read_state, state)
     try:
         if remote is None:
@@ -193,26 +186,17 @@ def _scan_cached(inputs: PassInputs, listed: Listing,
     """``scan_cached``, or for a watched pass with the listing and stat cache of the last
     one its result again (``sync.memo``), as a new scan its user may change."""
     memo = inputs.memo
-    kept = memo.get("scan", listed.entries, cache) if memo is not None else None
-    if isinstance(kept, _CachedScan):
+    kept = memo.scan.get(listed.entries, cache) if memo is not None else None
+    if kept is not None:
         scan = LocalScan(listed, started_ns=started_ns)
         scan.hashes, scan.misses = dict(kept.hashes), list(kept.misses)
         scan.cache_rows = dict(kept.cache_rows)
         return scan
     scan = scan_cached(listed, cache, started_ns)
     if memo is not None:
-        memo.put("scan", _CachedScan(dict(scan.hashes), tuple(scan.misses),
-                                     dict(scan.cache_rows)), listed.entries, cache)
+        memo.scan.put(CachedScan(dict(scan.hashes), tuple(scan.misses),
+                                 dict(scan.cache_rows)), listed.entries, cache)
     return scan
-
-
-@dataclass(frozen=True, slots=True)
-class _CachedScan:
-    """What ``scan_cached`` found, as the memo keeps it (copies, never changed)."""
-
-    hashes: dict[str, str]
-    misses: tuple[str, ...]
-    cache_rows: dict[str, tuple[int, int, int, str]]
 
 
 def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
@@ -223,17 +207,12 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
     known: dict[str, Version] = {}
     fetch: list[Entry] = []
     skipped: list[Skipped] = []
-    # Most files of a large tree are unchanged: find those with C-level passes (in
-    # listing order, which keeps memory access sequential), then give only the
-    # rest to the loop below, which decides exactly as it would for every file. A
-    # watched pass whose ancestors and listing equal the last one's reuses its result.
+    # Most files of a large tree are unchanged: the bulk filter takes those out, so
+    # that the loop below sees only the rest. A watched pass whose ancestors and
+    # listing equal the last one's reuses its result.
     memo = inputs.memo
-    kept = memo.get("same", anc, rfiles) if memo is not None else None
-    same: set[str] | frozenset[str]
-    if isinstance(kept, frozenset) and len(kept) == len(rfiles):
-        same = kept  # every listed file: the loop below has nothing to do
-    else:
-        same = set(kept) if isinstance(kept, frozenset) else _unchanged_remote(anc, rfiles)
+    kept = memo.same.get(anc, rfiles) if memo is not None else None
+    same: Set[str] = kept if kept is not None else unchanged_remote(anc, rfiles, RACY_NS)
     # (``same`` holds only listed paths: as many means all of them.)
     rest: Iterable[tuple[str, Entry]] = (
         rfiles.items() if not same
@@ -258,24 +237,20 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
 
     for rel, e in rest:
         mode = e.mode & 0o777
-        a = anc.get(rel)
-        if a is not None and e.size == a.remote_size and e.mtime_ns == a.remote_mtime_ns \
-                and mode == a.mode and a.remote_mtime_ns < a.synced_ns - RACY_NS:
-            same.add(rel)  # type: ignore[union-attr]  # (a frozenset leaves no rest)
-        elif rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
+        if rel in cache and cache[rel][:2] == (e.size, e.mtime_ns):
             known[rel] = Version(cache[rel][2], mode)
         elif e.size > opts.max_file_size and opts.direction is not Direction.PUSH:
             skipped.append(Skipped.of(rel, Reason.TOO_LARGE))
             if opts.warn is not None:
                 opts.warn(f"{rel} left out: {e.size} bytes is more than --max-file-size "
                           f"{opts.max_file_size}; raise --max-file-size to fetch it")
-        elif opts.direction is Direction.PUSH and a is None and rel not in local_entries \
+        elif opts.direction is Direction.PUSH and rel not in anc and rel not in local_entries \
                 and not in_the_way(rel):
             continue  # remote-only and never pushed: push leaves it alone
         else:
             fetch.append(e)
     if memo is not None and kept is None:
-        memo.put("same", frozenset(same), anc, rfiles)
+        memo.same.put(frozenset(same), anc, rfiles)
     return RemoteVersions(known, same, fetch, tuple(skipped))
 
 
@@ -319,14 +294,14 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     entries, hashes = local.listing.entries, local.hashes
     same, rfiles = versions.same, scans.remote.files()
     memo = inputs.memo
-    kept = memo.get("quiet", same, anc, hashes, entries) if memo is not None else None
+    kept = memo.quiet.get(same, anc, hashes, entries) if memo is not None else None
     quiet: Set[str]
-    if isinstance(kept, frozenset):
+    if kept is not None:
         quiet = kept
     else:
-        quiet = _quiet(anc, local, rfiles, same)
+        quiet = quiet_paths(anc, hashes, entries, rfiles, same)
         if memo is not None:
-            memo.put("quiet", frozenset(quiet), same, anc, hashes, entries)
+            memo.quiet.put(frozenset(quiet), same, anc, hashes, entries)
     # A path whose version is unknown this run is left out entirely; so is all
     # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
     unknown = {s.path for s in skipped}
@@ -334,7 +309,7 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     unknown |= _left_out(rfiles, same, rv)
     unknown |= _under_skipped(skipped, anc.keys(), hashes.keys(), rv.keys())
     # Every path any side knows, but the quiet ones: ``quiet`` is a subset of
-    # ``same``, ``anc`` and ``hashes`` (``_quiet`` only keeps paths found in all
+    # ``same``, ``anc`` and ``hashes`` (``quiet_paths`` only keeps paths found in all
     # three), so a side holding exactly as many paths holds nothing else; a no-op
     # pass over a large tree then builds no large set here.
     paths: set[str] = set()
@@ -381,44 +356,10 @@ def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:
     return inside
 
 
-def _unchanged_remote(anc: Mapping[str, Ancestor], rfiles: dict[str, Entry]) -> set[str]:
-    """The remote files that ``remote_versions``'s per-file test puts in ``same``: size,
-    mtime and permission bits as the last transfer left them, recorded more than
-    ``RACY_NS`` after that mtime.
-
-    The same test, cheaper: fields by index (a named tuple's attribute is a descriptor
-    call), no other branch. This is memory-bound (~300 ns a file on a cold 100k-file
-    tree), which is also why C-level ``map``/``compress`` passes lost to it: each pass
-    fetches the same scattered objects again.
-    """
-    get, racy = anc.get, RACY_NS
-    # Entry: path, kind, size, mtime_ns, mode, ino.
-    # Ancestor: hash, size, mode, remote_size, remote_mtime_ns, synced_ns.
-    return {
-        rel for rel, e in rfiles.items()
-        if (a := get(rel)) is not None and e[2] == a[3] and e[3] == a[4]
-        and e[4] & 0o777 == a[2] and a[4] < a[5] - racy
-    }
-
-
-def _quiet(
-    anc: Mapping[str, Ancestor], local: LocalScan, rfiles: dict[str, Entry], same: Set[str]
-) -> set[str]:
-    """The paths of ``same`` whose host file has the ancestor's hash and permission bits:
-    in sync on all three sides (``plan`` leaves them out)."""
-    # In remote-listing order when that covers them all: sequential reads of the
-    # listing's memory (iterating the set itself jumps around the heap, ~2x slower).
-    keys: list[str] | Set[str] = list(filter(same.__contains__, rfiles))
-    if len(keys) != len(same):
-        keys = same
-    hashes, entries = local.hashes.get, local.listing.entries
-    return {p for p in keys if hashes(p) == (a := anc[p])[0] and entries[p][4] & 0o777 == a[2]}
-
-
 def _left_out(rfiles: dict[str, Entry], same: Set[str], rv: dict[str, Version]) -> set[str]:
     """Remote files neither unchanged nor given a version this run."""
     return set(filterfalse(rv.__contains__, filterfalse(same.__contains__, rfiles)))
 
 
-__all__ = ["RemoteVersions", "Sealed", "Walk", "fetch", "plan", "remote_versions",
+__all__ = ["RemoteVersions", "Walk", "fetch", "plan", "recover_host", "remote_versions",
            "require_local_source", "require_remote_source", "scan", "start_walk"]

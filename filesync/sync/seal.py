@@ -15,7 +15,10 @@ only when nothing stands between those listings and "in sync":
 A later pass whose fingerprint and both listings' digests are the sealed ones, with
 nothing written to the state since (every write drops the seal), has the inputs the
 sealed pass had: its decisions would be the same, nothing to do. So it reads neither
-the state's tables nor the remote listing's rows and plans nothing (``plan.scan``).
+the state's tables nor the remote listing's rows and plans nothing.
+
+The engine runs the seal as two named steps of a pass: ``check`` after the host's
+recovery and before the scan, ``seal_for`` once the pass is done.
 A file is taken as unchanged when its size, mtime, permission bits and inode are, as the
 stat cache and the per-file quiet test take it.
 """
@@ -23,11 +26,22 @@ stat cache and the per-file quiet test take it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from filesync.core.model import Listing
 from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
 from filesync.sync.inputs import Options, PassInputs, Planned, Scans
+from filesync.sync.plan import Walk
 from filesync.version import __version__
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """Both listings are those of the pass that sealed the pair."""
+
+    #: what that pass reported excluded
+    excluded: int
 
 
 def fingerprint(opts: Options) -> str:
@@ -40,6 +54,26 @@ def may_use(inputs: PassInputs) -> bool:
     """Whether a pass may seal, or skip its work on a seal: not one listed through watched
     trees, nor one sharing its host scans with a fan-out."""
     return inputs.trees is None and inputs.host_scans is None
+
+
+async def check(inputs: PassInputs, walk: Walk | None) -> Sealed | Listing | None:
+    """The seal step before the scan: ``Sealed`` when the pair's seal holds for this pass
+    (same fingerprint, same host walk, same remote listing); else the remote listing it
+    read to find out, or None when it read none (no seal, another fingerprint, another
+    host walk, or a pass that may not use the seal: ``walk`` None or ``may_use``)."""
+    opts = inputs.opts
+    seal = inputs.state.seal() if walk is not None and may_use(inputs) else None
+    # The host walk (done long before the remote's listing, usually) decides whether
+    # the listing is worth comparing before it is decoded.
+    if walk is None or seal is None or seal.fingerprint != fingerprint(opts) \
+            or (await walk.listing).digest != seal.host:
+        return None
+    remote = await inputs.endpoint.list_tree_unless(inputs.remote_root, opts.rule, seal.remote)
+    if remote is not None:
+        return remote
+    if opts.log is not None:
+        opts.log("both listings are as the last pass found them in sync: nothing to compare")
+    return Sealed(seal.excluded)
 
 
 def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool) -> Seal | None:
@@ -55,4 +89,4 @@ def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool) ->
     return Seal(fingerprint(opts), host.digest, remote.digest, scans.excluded)
 
 
-__all__ = ["fingerprint", "may_use", "seal_for"]
+__all__ = ["Sealed", "check", "fingerprint", "may_use", "seal_for"]

@@ -27,19 +27,16 @@ from filesync.host.apply import HostOp, HostTree, OpResult
 from filesync.host.journal import Journal, commit_journal, run_journal
 from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalScan
 from filesync.host.state import Ancestor, ConflictRecord
-from filesync.sync.changes import Change, ChangeAction
+from filesync.sync.changes import Change, ChangeAction, CountsChanges
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.tree.wire import SAFETY, Reason, Status
 
 
 @dataclass
-class Transitioned:
-    """What a transition did. Built up by the transition only, then handed back."""
+class Transitioned(CountsChanges):
+    """What a transition did. Built up by the transition only, then handed back; its
+    counters are counted from ``changes``."""
 
-    uploaded: int = 0
-    downloaded: int = 0
-    deleted_local: int = 0
-    deleted_remote: int = 0
     conflicts: list[dict[str, str]] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -241,7 +238,6 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
                 read_rows[o.path] = (entry.size, entry.mtime_ns, entry.ino, r.digest)
             rows.append((o.path, Ancestor(r.digest, r.size, mode, o.size, o.mtime_ns,
                                           inputs.now)))
-            out.uploaded += 1
             out.changes.append(Change(o.path, ChangeAction.UPLOAD, r.size))
         else:
             _failed(out, o.path, o.status, o.reason, "upload", o.code)
@@ -270,7 +266,6 @@ async def _delete_remote(
     for o in await inputs.endpoint.delete(inputs.remote_root, entries):
         if o.status == Status.OK:
             gone.append(o.path)
-            out.deleted_remote += 1
             out.changes.append(Change(o.path, ChangeAction.DELETE_REMOTE))
         else:
             _failed(out, o.path, o.status, o.reason, "remote delete", o.code)
@@ -343,10 +338,8 @@ def _host_results(inputs: PassInputs, results: list[OpResult], out: Transitioned
         path = r.op.path
         if r.status == Status.OK:
             if r.op.kind == "write":
-                out.downloaded += 1
                 out.changes.append(Change(path, ChangeAction.DOWNLOAD, staged[path].size))
             else:
-                out.deleted_local += 1
                 out.changes.append(Change(path, ChangeAction.DELETE_LOCAL))
         elif r.status == Status.CHANGED and r.op.kind == "write":
             # Edited on the host since the scan: keep it, save the remote version.
@@ -409,8 +402,8 @@ def _update_caches(
         new = rows or read_rows  # no copy: one side is all there is (a first push: read_rows)
     old = scans.old_cache
     if not _same_objects(new, old):
-        # Only what changed is written: C-level passes find it (a Python loop over a
-        # 100k-file cache took ~40 ms).
+        # Only what changed is written: C-level passes find it, not a Python loop per
+        # row, which a warm pass over a large tree would pay (docs/benchmarks.md).
         changed = dict(compress(new.items(), map(ne, map(old.get, new), new.values()))) \
             if old else new
         inputs.state.update_local_cache(changed, old.keys() - new.keys())

@@ -273,8 +273,8 @@ class TempFile:
 def start_writeback(fd: int) -> None:
     """Have the kernel start writing ``fd``'s dirty pages now, without waiting: the fsyncs
     of a batch, issued after all of its writes, then find the data on its way and share
-    the journal commits (ext4: 3k files in 12 s instead of 31-47 s one fsync at a time on
-    a busy disk). Best effort: without ``posix_fadvise`` the fsync does it all."""
+    the journal commits instead of waiting one fsync at a time (``docs/benchmarks.md``).
+    Best effort: without ``posix_fadvise`` the fsync does it all."""
     with contextlib.suppress(OSError, AttributeError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -358,22 +358,22 @@ def delete_file(rfd: int, rel: str, expect: list[int]) -> list[Any]:
         parts = split_rel(rel)
         pfd = open_parent(rfd, parts, False)
     except FileNotFoundError:
-        return [rel, "ok"]
+        return [rel, Status.OK]
     except (OSError, ValueError) as exc:
-        return [rel, "error", *reason_of(exc)]
+        return [rel, Status.ERROR, *reason_of(exc)]
     try:
         st = stat_at(pfd, parts[-1])
         if st is None:
-            return [rel, "ok"]
+            return [rel, Status.OK]
         if not unchanged(st, expect):
-            return [rel, "changed", Reason.CHANGED.value, ""]
+            return [rel, Status.CHANGED, Reason.CHANGED.value, ""]
         os.unlink(parts[-1], dir_fd=pfd)
     except OSError as exc:
-        return [rel, "error", *reason_of(exc)]
+        return [rel, Status.ERROR, *reason_of(exc)]
     finally:
         os.close(pfd)
     prune_empty_dirs(rfd, parts[:-1])
-    return [rel, "ok"]
+    return [rel, Status.OK]
 
 
 def prune_empty_dirs(rfd: int, dirs: list[str]) -> None:

@@ -34,10 +34,9 @@ HEADER = struct.Struct(">cI")
 FLUSH_AT = 1 << 18
 #: Data chunks at least this big skip the gathering buffer (no copy).
 DIRECT = 1 << 16
-#: zlib's level for ``Z`` frames. A listing is compressed while the client waits for it:
-#: level 1 takes a quarter of level 6's time (100k rows, 7 MB of JSON: 39 against 163 ms)
-#: for 12 % more bytes (1.73 against 1.54 MB), less time than those bytes take on any link
-#: from ~10 Mbit/s up.
+#: zlib's level for ``Z`` frames. A listing is compressed while the client waits for it,
+#: so the fastest level wins: the few more bytes it sends take less time on any usable
+#: link than a higher level's compression (figures in ``docs/benchmarks.md``).
 Z_LEVEL = 1
 #: The header length that starts an ``F`` frame's payload.
 WHOLE_HEAD = struct.Struct(">I")

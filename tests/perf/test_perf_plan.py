@@ -1,8 +1,8 @@
 """The fast paths of a pass decide exactly what the plain per-file code decides.
 
-The slow scenario swaps the C-level passes of ``filesync.sync.plan`` (``_unchanged_remote``,
-``_quiet``) for the plain per-file rules this module keeps as the reference (every remote
-file then goes through ``remote_versions``'s per-file loop), swaps in the per-file
+The slow scenario swaps the bulk filters ``filesync.sync.plan`` uses (``unchanged_remote``,
+``quiet_paths`` of ``filesync.core.quiet``) for the plain per-file loops this module keeps
+as the reference, swaps in the per-file
 ``scan_cached``, and makes ``_update_caches`` diff the caches field by field. Hypothesis
 builds an ancestor (a first pass), then edits both sides; the same scenario is played
 in two fresh directories, fast and slow, and every pass must give the same report, the
@@ -55,16 +55,25 @@ def reference_scan_cached(
     return scan
 
 
-def reference_unchanged_remote(anc: Any, rfiles: Any) -> set[str]:
-    """No C-level pass: every remote file goes through the per-file loop."""
-    return set()
+def reference_unchanged_remote(
+    anc: dict[str, Ancestor], rfiles: dict[str, Entry], racy_ns: int
+) -> set[str]:
+    """``quiet.unchanged_remote`` as the plain per-file test it stands for."""
+    out = set()
+    for rel, e in rfiles.items():
+        a = anc.get(rel)
+        if a is not None and (e.size, e.mtime_ns, e.mode & 0o777) == (
+                a.remote_size, a.remote_mtime_ns, a.mode) \
+                and a.remote_mtime_ns < a.synced_ns - racy_ns:
+            out.add(rel)
+    return out
 
 
 def reference_quiet(
-    anc: dict[str, Ancestor], local: LocalScan, rfiles: dict[str, Entry], same: set[str]
+    anc: dict[str, Ancestor], hashes: dict[str, str], entries: dict[str, Entry],
+    rfiles: dict[str, Entry], same: set[str],
 ) -> set[str]:
-    """``plan._quiet`` as the plain per-file test it stands for."""
-    hashes, entries = local.hashes, local.listing.entries
+    """``quiet.quiet_paths`` as the plain per-file test it stands for."""
     return {p for p in same
             if hashes.get(p) == anc[p].hash and entries[p].mode & 0o777 == anc[p].mode}
 
@@ -158,8 +167,8 @@ def play(
         put(local / rel, f"{rel} {i}".encode(), mode, OLD_NS + i * 10**9)
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(plan, "_unchanged_remote", reference_unchanged_remote)
-            m.setattr(plan, "_quiet", reference_quiet)
+            m.setattr(plan, "unchanged_remote", reference_unchanged_remote)
+            m.setattr(plan, "quiet_paths", reference_quiet)
             m.setattr(plan, "scan_cached", reference_scan_cached)
             m.setattr(transition, "_same_objects", lambda new, old: False)
 

@@ -50,7 +50,7 @@ def scan_with_early_walk(tmp: Path, *, journal_deletes: str | None) -> Scans:
                 inputs = PassInputs(Options(Direction.PUSH, rule=RULE, state_dir=state_dir),
                                     session, state, local, root, run_id, time.time_ns(),
                                     StagingSink(state.staging / run_id))
-                return await planning.scan(inputs, walk)
+                return await planning.scan(inputs, await planning.recover_host(inputs, walk))
             finally:
                 state.close()
         finally:

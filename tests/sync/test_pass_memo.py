@@ -31,20 +31,21 @@ RULE = ExcludeRule.build(default_excludes=False)
 def test_a_result_is_handed_out_only_for_equal_inputs() -> None:
     memo = PassMemo()
     anc, listing = {"a": (1, 2)}, {"a": ("a", 3), "b": ("b", 4)}
-    memo.put("same", frozenset({"a"}), anc, listing)
-    assert memo.get("same", dict(anc), dict(listing)) == frozenset({"a"})
+    memo.same.put(frozenset({"a"}), anc, listing)
+    assert memo.same.get(dict(anc), dict(listing)) == frozenset({"a"})
     # the inputs were copied: changing the caller's dicts afterwards changes nothing kept
     listing["c"] = ("c", 5)
-    assert memo.get("same", anc, listing) is None
+    assert memo.same.get(anc, listing) is None
     del listing["c"]
     for changed in ({"a": (1, 9)}, {"a": (1, 2), "z": (0, 0)}, {}):
-        assert memo.get("same", changed, listing) is None, changed
-    assert memo.get("same", anc) is None  # not the same inputs at all
-    assert memo.get("quiet", anc, listing) is None
-    assert memo.get("same", anc, listing) == frozenset({"a"})
-    memo.put("sets", frozenset({"x"}), {"p", "q"})
-    assert memo.get("sets", frozenset({"p", "q"})) == frozenset({"x"})
-    assert memo.get("sets", {"p"}) is None
+        assert memo.same.get(changed, listing) is None, changed
+    assert memo.same.get(anc) is None  # not the same inputs at all
+    assert memo.quiet.get(anc, listing) is None  # each result is kept in its own field
+    assert memo.same.get(anc, listing) == frozenset({"a"})
+    memo.quiet.put(frozenset({"x"}), {"p", "q"})
+    assert memo.quiet.get(frozenset({"p", "q"})) == frozenset({"x"})
+    assert memo.quiet.get({"p"}) is None
+    assert memo.same.get(anc, listing) == frozenset({"a"})
 
 
 def test_only_a_watching_owner_keeps_a_memo_and_owners_never_share_one() -> None:
@@ -94,7 +95,7 @@ def session(tmp_path: Path) -> Iterator[Session]:
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the per-path passes the memo stands in for really ran."""
-    calls = {"_unchanged_remote": 0, "_quiet": 0, "scan_cached": 0}
+    calls = {"unchanged_remote": 0, "quiet_paths": 0, "scan_cached": 0}
     for name in calls:
         real: Callable[..., Any] = getattr(planning, name)
 
@@ -134,7 +135,7 @@ def test_a_quiet_watched_pass_reuses_and_any_change_is_still_seen(
     report = session.run(Direction.SYNC)
     assert (report.uploaded, report.downloaded, report.deleted_local) == (1, 1, 1)
     assert snapshot(session.local) == snapshot(session.remote)
-    assert counted["_quiet"] > before["_quiet"]
+    assert counted["quiet_paths"] > before["quiet_paths"]
 
 
 def test_a_state_written_by_another_process_is_never_answered_from_the_memo(

@@ -21,9 +21,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from filesync.cli.demo_server import InProcessServer, start_server
 from filesync.errors import ConnectionLost, TransportError
 from filesync.transport.ssh.conduit import SshConduit, SshTarget, connect
-from filesync.transport.ssh.server import InProcessServer, start_server
 
 
 @pytest.fixture(autouse=True)
@@ -560,8 +560,8 @@ async def test_command_ending_early_is_not_reported_as_a_lost_connection(
 
 
 async def test_dev_null_as_ssh_config_means_no_config(tmp_path: Path) -> None:
+    from filesync.cli.demo_server import start_server
     from filesync.transport.ssh.conduit import SshTarget, connect
-    from filesync.transport.ssh.server import start_server
 
     server = await start_server(tmp_path)
     try:

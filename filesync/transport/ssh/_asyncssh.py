@@ -1,8 +1,8 @@
 """asyncssh for the SSH client modules, imported without the liboqs lookup.
 
-Guarantees: ``conduit``, ``config``, ``hostkeys`` and ``server`` take asyncssh from here
-only, so
-whichever of them is imported first, asyncssh is imported once with the lookup
+Guarantees: ``conduit``, ``config``, ``hostkeys`` and the demo's server
+(``filesync.cli.demo_server``) take asyncssh from here only, so whichever of them is
+imported first, asyncssh is imported once with the lookup
 skipped and ``ctypes.util.find_library`` put back. ``reason()`` renders an asyncssh
 or OS error as one line, the form every ``TransportError`` and ``ConnectionLost``
 of these modules embeds. asyncssh is an extra (``filesync[asyncssh]``): without it,
@@ -17,12 +17,13 @@ import ctypes.util
 from filesync.errors import UsageError
 
 # asyncssh.crypto.pq looks for liboqs at import with ctypes.util.find_library("oqs")
-# and ("liboqs"); on Linux each call runs `ldconfig -p` (and may try gcc and ld), ~18 ms
-# of every CLI start. liboqs only adds the sntrup761 key exchange, which filesync does
-# not want (it prefers curve25519; ML-KEM still comes from `cryptography`), so the
-# lookup is answered "not found" for those two names during the import, and the real
-# function is put back right after. Where liboqs is installed, sntrup761 is merely
-# unavailable; nothing else changes (if asyncssh was imported before, this is a no-op).
+# and ("liboqs"); on Linux each call runs `ldconfig -p` (and may try gcc and ld), a
+# subprocess in every CLI start that imports asyncssh. liboqs only adds the sntrup761
+# key exchange, which filesync does not want (it prefers curve25519; ML-KEM still comes
+# from `cryptography`), so the lookup is answered "not found" for those two names during
+# the import, and the real function is put back right after. Where liboqs is installed,
+# sntrup761 is merely unavailable; nothing else changes (if asyncssh was imported
+# before, this is a no-op).
 _real_find_library = ctypes.util.find_library
 
 

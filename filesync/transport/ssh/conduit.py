@@ -20,7 +20,7 @@ Guarantees of a connected ``SshConduit``:
 - ``close()`` kills the running commands and closes the connection, then its hops
   (last first). It is idempotent; after it nothing can start.
 
-asyncssh (~0.35 s to import) is imported only by this package, so the CLI imports
+asyncssh is slow to import and is imported only by this package, so the CLI imports
 it lazily.
 """
 
@@ -38,15 +38,15 @@ from pathlib import Path
 from filesync.errors import ConnectionLost, TransportError
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.ssh._asyncssh import asyncssh, reason
-from filesync.transport.ssh.config import Resolved, SshConfig, SshTarget
+from filesync.transport.ssh.config import HopSettings, SshConfig, SshTarget
 from filesync.transport.ssh.hostkeys import HostKeys, fmt_host
 
 __all__ = ["SshConduit", "SshProcess", "SshTarget", "connect"]
 
-# AES-GCM runs on AES-NI and is about twice as fast as asyncssh's default first
-# choice, chacha20-poly1305. "^" puts these first and keeps asyncssh's defaults after.
+# AES-GCM runs on AES-NI, so it costs less CPU than asyncssh's default first choice,
+# chacha20-poly1305. "^" puts these first and keeps asyncssh's defaults after.
 _CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
-# OpenSSH 9.x servers prefer sntrup761x25519 (~125 ms of CPU per connection).
+# OpenSSH 9.x servers prefer sntrup761x25519, whose CPU cost every connection would pay.
 _KEX = "^curve25519-sha256,curve25519-sha256@libssh.org"
 
 # Per-channel flow control. asyncssh's 2 MiB window stalls a single stream on
@@ -290,7 +290,7 @@ class _Connector:
         follow_jump: bool,
         depth: int,
         what: str,
-    ) -> tuple[asyncssh.SSHClientConnection, Resolved, _Client]:
+    ) -> tuple[asyncssh.SSHClientConnection, HopSettings, _Client]:
         """Connect and log in to one hop, first opening its ProxyJump chain if any."""
         if depth > _MAX_JUMP_DEPTH:
             raise TransportError(
@@ -347,7 +347,7 @@ class _Connector:
         return conn, res, client
 
     def _explain(
-        self, exc: BaseException, res: Resolved, host_keys: HostKeys, what: str
+        self, exc: BaseException, res: HopSettings, host_keys: HostKeys, what: str
     ) -> TransportError:
         """Turn a connect failure into one line naming the cause and the fix."""
         name = f"{what} {res.label}" if what != "host" else res.label

@@ -27,7 +27,7 @@ from filesync.errors import TransportError
 from filesync.transport.ssh._asyncssh import asyncssh
 from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
 
-__all__ = ["DEFAULT_PORT", "Resolved", "SshConfig", "SshTarget", "parse_jump"]
+__all__ = ["DEFAULT_PORT", "HopSettings", "SshConfig", "SshTarget", "parse_jump"]
 
 
 # Key files OpenSSH (and asyncssh) try when no IdentityFile is configured.
@@ -80,8 +80,8 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
 
 
 @dataclass
-class Resolved:
-    """What ssh_config says about one hop."""
+class HopSettings:
+    """What ssh_config says about one hop, as the asyncssh client reads it."""
 
     alias: str
     host: str
@@ -136,7 +136,7 @@ class SshConfig:
         """The config files as asyncssh's ``config`` argument."""
         return [str(p) for p in self.paths]
 
-    def resolve(self, alias: str, user: str | None, port: int | None) -> Resolved:
+    def resolve(self, alias: str, user: str | None, port: int | None) -> HopSettings:
         """What the config says about ``alias``; ``user``/``port`` win over it when given."""
         try:
             opts = asyncssh.SSHClientConnectionOptions(
@@ -181,7 +181,7 @@ class SshConfig:
             else [Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2")]
         )
         jump = opts.tunnel if isinstance(opts.tunnel, str) and opts.tunnel else None
-        return Resolved(
+        return HopSettings(
             alias=alias,
             host=opts.host,
             port=int(opts.port),

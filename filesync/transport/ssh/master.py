@@ -42,12 +42,13 @@ from filesync.transport.ssh import openssh_errors
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from filesync.transport.ssh.resolved import Resolved
+    from filesync.transport.ssh.resolved import OpenSshSettings
 
 #: How long a finished client may take to exit, or a dying master to die.
 GRACE = 2.0
-# Liveness when the user's config sets none: three missed 15 s probes end the master, so
-# a dead peer is noticed within a minute (ServerAliveCountMax's default is already 3).
+# Liveness when the user's config sets none: three missed probes, ``_ALIVE_INTERVAL``
+# seconds apart, end the master, so a dead peer is noticed within a minute
+# (ServerAliveCountMax's default is already 3).
 _ALIVE_INTERVAL = 15
 # How long ``stop`` waits for ``ssh -O exit`` and then for the master to go.
 _STOP_TIMEOUT = 10.0
@@ -118,7 +119,7 @@ def runtime_dir() -> Path:
     )
 
 
-def _fill_gaps(res: Resolved, accept_new: bool, connect_timeout: float) -> list[str]:
+def _fill_gaps(res: OpenSshSettings, accept_new: bool, connect_timeout: float) -> list[str]:
     """The ``-o`` options filesync adds for the master; each only where it must or may."""
     opts = []
     if accept_new:
@@ -134,7 +135,7 @@ def _fill_gaps(res: Resolved, accept_new: bool, connect_timeout: float) -> list[
     return [arg for opt in opts for arg in ("-o", opt)]
 
 
-def session_overrides(res: Resolved, *, forwards: bool = True) -> list[str]:
+def session_overrides(res: OpenSshSettings, *, forwards: bool = True) -> list[str]:
     """Settings that would keep ``ssh HOST COMMAND`` from being a plain stdio pipe to
     COMMAND, overridden only where the user's config has them. ``forwards``: also drop
     the config's forwards (a step does; the master holds them)."""
@@ -161,7 +162,7 @@ def _has_tty() -> bool:
     return True
 
 
-def error_context(res: Resolved) -> openssh_errors.Context:
+def error_context(res: OpenSshSettings) -> openssh_errors.Context:
     """What ``openssh_errors`` needs to explain a failed login to ``res``."""
     known = res.files("userknownhostsfile")
     return openssh_errors.Context(
@@ -215,7 +216,7 @@ class ControlMaster:
     # -- starting and finding -----------------------------------------------------
 
     @classmethod
-    def start(cls, ssh: str, base: list[str], res: Resolved, *, accept_new: bool = False,
+    def start(cls, ssh: str, base: list[str], res: OpenSshSettings, *, accept_new: bool = False,
               connect_timeout: float = 15.0) -> ControlMaster:
         """Spawn filesync's own master for ``res`` and return at once (see ``ready``)."""
         workdir = runtime_dir()
@@ -240,7 +241,7 @@ class ControlMaster:
                    workdir=workdir)
 
     @classmethod
-    async def find(cls, ssh: str, base: list[str], res: Resolved) -> ControlMaster | None:
+    async def find(cls, ssh: str, base: list[str], res: OpenSshSettings) -> ControlMaster | None:
         """The running master that ``res``'s ControlPath leads to (the user's config, or
         the caller's options in ``base``), or None. filesync never stops it."""
         path = res.get("controlpath", "none")
@@ -253,7 +254,7 @@ class ControlMaster:
                 return cls(ssh, res.alias, path, int(found.group(1)), owned=False)
         return None
 
-    async def ready(self, res: Resolved, say: Callable[[str], None]) -> None:
+    async def ready(self, res: OpenSshSettings, say: Callable[[str], None]) -> None:
         """Wait until the login finished; map its failure to one ``TransportError`` line.
 
         Polled, not waited for in a thread: a cancelled run must not be held up at exit by

@@ -53,7 +53,7 @@ from filesync.transport.ssh.openssh_login import (
     which_ssh,
 )
 from filesync.transport.ssh.options import check_ssh_options
-from filesync.transport.ssh.resolved import Resolved, parse_resolved, resolve_timeout
+from filesync.transport.ssh.resolved import OpenSshSettings, parse_resolved, resolve_timeout
 
 __all__ = ["CLIENTS", "ENV_CLIENT", "ControlMaster", "OpenSshConduit", "Pending", "begin",
            "choose_client", "connect"]
@@ -186,7 +186,7 @@ class OpenSshProcess(RemoteProcess):
 class OpenSshConduit(Conduit):
     """A conduit whose commands are ``ssh`` clients sharing one ControlMaster."""
 
-    def __init__(self, ssh: str, base: list[str], resolved: Resolved,
+    def __init__(self, ssh: str, base: list[str], resolved: OpenSshSettings,
                  master: ControlMaster, verbose: Callable[[str], None],
                  login: asyncio.Future[None] | None = None) -> None:
         self.ssh = ssh
@@ -301,7 +301,7 @@ class OpenSshConduit(Conduit):
 # --------------------------------------------------------------------------- connecting
 
 
-async def resolve(ssh: str, base: list[str], alias: str) -> Resolved:
+async def resolve(ssh: str, base: list[str], alias: str) -> OpenSshSettings:
     """Run ``ssh -G`` (no connection; ``Match exec`` commands do run)."""
     try:
         code, out, err = await run_ssh([ssh, *base, "-T", "-G", "--", alias], 60)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from filesync.errors import TransportError, UsageError
 from filesync.transport.ssh.master import ControlMaster
-from filesync.transport.ssh.resolved import Resolved, resolve_now
+from filesync.transport.ssh.resolved import OpenSshSettings, resolve_now
 
 #: The environment variable that picks the SSH client when ``--ssh-client`` is not given.
 ENV_CLIENT = "FILESYNC_SSH_CLIENT"
@@ -87,7 +87,7 @@ class Pending:
     key: LoginKey
     ssh: str = ""
     base: list[str] | None = None
-    res: Resolved | None = None
+    res: OpenSshSettings | None = None
     error: TransportError | None = None
     #: filesync's own master, logging in; None when the user's config names a ControlPath
     #: (``connect`` looks for the user's running master first)

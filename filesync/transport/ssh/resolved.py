@@ -18,7 +18,7 @@ from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
 
 
 @dataclass(frozen=True)
-class Resolved:
+class OpenSshSettings:
     """What ``ssh -G`` says about a destination: the fully resolved client config."""
 
     alias: str
@@ -61,7 +61,7 @@ class Resolved:
         return out
 
 
-def resolve_now(ssh: str, base: list[str], alias: str) -> Resolved:
+def resolve_now(ssh: str, base: list[str], alias: str) -> OpenSshSettings:
     """``resolve`` without an event loop, for ``begin``."""
     try:
         done = subprocess.run([ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
@@ -77,7 +77,7 @@ def resolve_timeout(alias: str) -> TransportError:
                           "commands in your ssh config")
 
 
-def parse_resolved(alias: str, code: int, out: str, err: str) -> Resolved:
+def parse_resolved(alias: str, code: int, out: str, err: str) -> OpenSshSettings:
     if code != 0:
         lines = [line for line in err.splitlines() if line.strip()]
         why = lines[0] if lines else f"exit status {code}"
@@ -87,4 +87,4 @@ def parse_resolved(alias: str, code: int, out: str, err: str) -> Resolved:
     for line in out.splitlines():
         key, _, value = line.partition(" ")
         settings.setdefault(key.lower(), []).append(value.strip())
-    return Resolved(alias, settings)
+    return OpenSshSettings(alias, settings)

@@ -1,5 +1,8 @@
 """An in-process SSH server for ``filesync demo`` and for tests that need no root.
 
+It lives with the demo at the CLI layer, not in ``filesync.transport``: no production
+connection ever uses it.
+
 Exec requests run ``/bin/sh -c COMMAND`` as a real subprocess in ``home`` (with
 ``HOME=home``), so the engine's ``python3 -c`` helper runs exactly as it would
 behind OpenSSH's sshd. SFTP is served too, relative paths starting at ``home``.
