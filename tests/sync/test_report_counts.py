@@ -15,7 +15,6 @@ from synctree import write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
 from filesync.mapping import Mapping
 from filesync.session.aio import SessionReport
 from filesync.sync.changes import ChangeAction
@@ -32,7 +31,6 @@ def _sync(local: Path, remote: Path, state: Path) -> Report:
             return await run_pass(conduit, local, str(remote),
                                   Options(Direction.SYNC, rule=RULE, state_dir=state))
         finally:
-            await drop_session(conduit)
             await conduit.close()
 
     return asyncio.run(main())
