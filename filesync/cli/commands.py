@@ -27,6 +27,7 @@ from filesync.cli.settings import Request
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action, Direction, Kind, settle
 from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.contract import Endpoint
 from filesync.errors import ConnectionLost, FilesyncError, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.mapping import Mapping
@@ -301,16 +302,17 @@ class PairResult:
                          r.message, r.exit_code)
 
 
-def _self_sync_guard(req: Request) -> Callable[[Conduit, Path, str], Awaitable[None]]:
+def _self_sync_guard(req: Request) -> Callable[[Endpoint, Path, str], Awaitable[None]]:
     """The self-sync check (``filesync.session.selfsync``) as a job's passes run it: once
-    per pair of roots and connection, while both sides walk, before anything is applied."""
-    checked: dict[tuple[Path, str], Conduit] = {}
+    per pair of roots and remote session, while both sides walk, before anything is
+    applied."""
+    checked: dict[tuple[Path, str], Endpoint] = {}
     log = req.output.log()
 
-    async def guard(conduit: Conduit, local_root: Path, remote_root: str) -> None:
-        if checked.get((local_root, remote_root)) is not conduit:
-            await refuse_self_sync(conduit, local_root, remote_root, log)
-            checked[local_root, remote_root] = conduit
+    async def guard(endpoint: Endpoint, local_root: Path, remote_root: str) -> None:
+        if checked.get((local_root, remote_root)) is not endpoint:
+            await refuse_self_sync(endpoint, local_root, remote_root, log)
+            checked[local_root, remote_root] = endpoint
 
     return guard
 

@@ -42,6 +42,7 @@ from types import TracebackType
 
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.contract import Endpoint
 from filesync.errors import (
     ConnectionLost,
     FilesyncError,
@@ -307,7 +308,7 @@ class AsyncSession:
                                   failed=report.failed if keep_going else None)
         if call is not Call.STATUS:
             for spec in specs:
-                await self._check(conduit, spec)
+                await self._check(endpoint, spec)
         for spec in specs:
             try:
                 report.add(spec.mapping, await self._pass(conduit, spec, call))
@@ -317,10 +318,10 @@ class AsyncSession:
                 report.failed.append((spec.mapping, exc))
         return report
 
-    async def _check(self, conduit: Conduit, spec: PassSpec) -> None:
+    async def _check(self, endpoint: Endpoint, spec: PassSpec) -> None:
         key = (spec.local_root, spec.remote_root)
         if key not in self._checked:
-            await refuse_self_sync(conduit, spec.local_root, spec.remote_root, self._log)
+            await refuse_self_sync(endpoint, spec.local_root, spec.remote_root, self._log)
             self._checked.add(key)
 
     async def _pass(self, conduit: Conduit, spec: PassSpec, call: Call) -> Report:

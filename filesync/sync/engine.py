@@ -25,6 +25,7 @@ from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
 from filesync.endpoint.connect import drop_session, session_for
+from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
@@ -106,14 +107,15 @@ async def run_pass(
     remote_path: str,
     opts: Options,
     plan_filter: Callable[[list[Action]], list[Action]] | None = None,
-    guard: Callable[[Conduit, Path, str], Awaitable[None]] | None = None,
+    guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None = None,
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
 
-    ``guard`` runs with the conduit, the local root and the resolved remote root while the
-    state opens and both sides list; it is awaited before anything is fetched, recovered
-    or applied, so raising there ends the pass with nothing changed (the CLI's self-sync
-    check)."""
+    ``guard`` runs with the conduit's endpoint, the local root and the resolved remote
+    root while the state opens and both sides list (so of the endpoint it may ask only
+    ``any_exists``, which waits behind the pending listing); it is awaited before anything
+    is fetched, recovered or applied, so raising there ends the pass with nothing changed
+    (the CLI's self-sync check)."""
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
@@ -123,8 +125,8 @@ async def run_pass(
             if opts.host_scans is None else None)
     # The first listing rides behind the helper's source: no round trip is waited for.
     remote_rule = opts.rule if opts.rename is None else opts.rename.rule
-    session = await session_for(conduit, opts.log, (remote_path, remote_rule), opts.watch,
-                                opts.idle_timeout)
+    session = remote = await session_for(conduit, opts.log, (remote_path, remote_rule),
+                                         opts.watch, opts.idle_timeout)
     if opts.rename is not None:
         session = RenamedEndpoint(session, opts.rename)
     ok = False
@@ -134,7 +136,7 @@ async def run_pass(
         # The helper walks while the state is opened and the host is walked.
         await session.prefetch_list(remote_root, opts.rule)
         # The guard's round trip runs while the state opens and both sides list.
-        checking = (asyncio.ensure_future(guard(conduit, local_root, remote_root))
+        checking = (asyncio.ensure_future(guard(remote, local_root, remote_root))
                     if guard is not None else None)
         try:
             state = await open_pair(
