@@ -180,3 +180,48 @@ def test_remote_send_over_the_batch_limit_keeps_the_order_per_batch(
         assert all(e[0] != "rename" for e in events[first:last + 1] if e not in batch)
     for rel, data in files.items():
         assert (root / rel).read_bytes() == data
+
+
+def test_remote_send_runs_a_batchs_fsyncs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Concurrent fsyncs share journal commits. Each file's fsync waits at a barrier for a
+    # second fsync to be under way: one after another, the first would wait forever.
+    import threading
+
+    from filesync.tree import dirfd
+
+    monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
+    real_fsync = os.fsync
+    meet = threading.Barrier(2, timeout=30)
+    met: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if os.path.basename(_fd_path(fd)).startswith(dirfd.TEMP_PREFIX):
+            met.append(meet.wait())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    root = tmp_path / "remote"
+    files = {f"f{i}": b"x" * i for i in range(4)}
+    rows = _send(root, files)
+    assert [r[:2] for r in rows] == [[rel, "ok"] for rel in files]
+    assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
+
+
+def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:
+    from filesync.tree import dirfd
+
+    class Sink:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def sync(self) -> list[Any] | None:
+            if self.fail:
+                raise RuntimeError("a bug in sync")
+            return None
+
+    sinks: list[Any] = [Sink(i == 5) for i in range(9)]
+    with pytest.raises(RuntimeError, match="a bug in sync"):
+        dirfd.sync_all(sinks)
+    assert dirfd.sync_all([Sink(False) for _ in range(3)]) == [None, None, None]
