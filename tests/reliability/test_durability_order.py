@@ -225,3 +225,12 @@ def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:
     with pytest.raises(RuntimeError, match="a bug in sync"):
         dirfd.sync_all(sinks)
     assert dirfd.sync_all([Sink(False) for _ in range(3)]) == [None, None, None]
+
+
+@pytest.mark.parametrize(("open_files", "limit"),
+                         [(-1, 512), (20000, 512), (1024, 256), (256, 64), (12, 3)])
+def test_a_batch_takes_at_most_half_of_the_descriptors(open_files: int, limit: int) -> None:
+    # a descriptor per pending file and per directory: 2 * LIMIT at most, of ``open_files``
+    from filesync.tree.dirfd import batch_limit
+
+    assert batch_limit(open_files) == limit
