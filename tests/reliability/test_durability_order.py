@@ -209,6 +209,33 @@ def test_remote_send_runs_a_batchs_fsyncs_at_once(
     assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
 
 
+def test_host_pull_runs_the_staged_files_fsyncs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same on the host: each staged file's fsync waits for a second one under way.
+    import threading
+
+    from filesync.tree import dirfd
+
+    monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
+    real_fsync = os.fsync
+    meet = threading.Barrier(2, timeout=30)
+    met: list[int] = []
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+
+    def fsync(fd: int) -> None:
+        path = _fd_path(fd)
+        if path.startswith(str(pair.state)) and "/staging/" in path and os.path.isfile(path):
+            met.append(meet.wait())
+        real_fsync(fd)
+
+    for i in range(4):
+        write(pair.remote / f"f{i}.txt", f"file {i}\n")
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert pair.ok("pull")["downloaded"] == 4
+    assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
+
+
 def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:
     from filesync.tree import dirfd
 
@@ -223,8 +250,8 @@ def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:
 
     sinks: list[Any] = [Sink(i == 5) for i in range(9)]
     with pytest.raises(RuntimeError, match="a bug in sync"):
-        dirfd.sync_all(sinks)
-    assert dirfd.sync_all([Sink(False) for _ in range(3)]) == [None, None, None]
+        dirfd.each_at_once(Sink.sync, sinks)
+    assert dirfd.each_at_once(Sink.sync, [Sink(False) for _ in range(3)]) == [None] * 3
 
 
 @pytest.mark.parametrize(("open_files", "limit"),
