@@ -182,11 +182,10 @@ def test_remote_send_over_the_batch_limit_keeps_the_order_per_batch(
         assert (root / rel).read_bytes() == data
 
 
-def test_remote_send_runs_a_batchs_fsyncs_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Concurrent fsyncs share journal commits. Each file's fsync waits at a barrier for a
-    # second fsync to be under way: one after another, the first would wait forever.
+def _fsyncs_meet(monkeypatch: pytest.MonkeyPatch, watched: Callable[[str], bool]) -> list[int]:
+    """Run a batch's fsyncs 2 at a time, and make each fsync of a ``watched`` path wait at
+    a barrier for a second one under way: one after another, the first would wait until
+    the barrier breaks. The list returned gets each meeting's arrival indexes."""
     import threading
 
     from filesync.tree import dirfd
@@ -197,11 +196,19 @@ def test_remote_send_runs_a_batchs_fsyncs_at_once(
     met: list[int] = []
 
     def fsync(fd: int) -> None:
-        if os.path.basename(_fd_path(fd)).startswith(dirfd.TEMP_PREFIX):
+        if watched(_fd_path(fd)):
             met.append(meet.wait())
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    return met
+
+
+def test_remote_send_runs_a_batchs_fsyncs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Concurrent fsyncs share journal commits.
+    met = _fsyncs_meet(monkeypatch, lambda path: os.path.basename(path).startswith(".filesync."))
     root = tmp_path / "remote"
     files = {f"f{i}": b"x" * i for i in range(4)}
     rows = _send(root, files)
@@ -212,26 +219,12 @@ def test_remote_send_runs_a_batchs_fsyncs_at_once(
 def test_host_pull_runs_the_staged_files_fsyncs_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The same on the host: each staged file's fsync waits for a second one under way.
-    import threading
-
-    from filesync.tree import dirfd
-
-    monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
-    real_fsync = os.fsync
-    meet = threading.Barrier(2, timeout=30)
-    met: list[int] = []
     pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
-
-    def fsync(fd: int) -> None:
-        path = _fd_path(fd)
-        if path.startswith(str(pair.state)) and "/staging/" in path and os.path.isfile(path):
-            met.append(meet.wait())
-        real_fsync(fd)
-
     for i in range(4):
         write(pair.remote / f"f{i}.txt", f"file {i}\n")
-    monkeypatch.setattr(os, "fsync", fsync)
+    staging = str(pair.state)
+    met = _fsyncs_meet(monkeypatch, lambda path: path.startswith(staging)
+                       and "/staging/" in path and os.path.isfile(path))
     assert pair.ok("pull")["downloaded"] == 4
     assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
 
