@@ -134,6 +134,11 @@ class Endpoint(Protocol):
         directories a deletion leaves empty are removed, never the root. One ``Outcome``
         per regular file of ``files``, in order."""
 
+    async def any_exists(self, paths: Sequence[str]) -> bool:
+        """Whether any of the absolute ``paths`` exists on the remote, symlinks followed.
+        May run while a ``prefetch_list`` reply is pending, as long as nothing else is
+        asked of the endpoint until it returns (the self-sync check does)."""
+
     async def close(self) -> None:
         """End the remote side and wait for it; never raises. A broken endpoint is
         killed at once; a polite one is asked to exit, and killed if it does not."""

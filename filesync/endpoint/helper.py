@@ -83,8 +83,10 @@ class HelperEndpoint:
         #: set once the stream can no longer be trusted; ``close`` then kills at once
         self.broken = False
         #: the listing request sent ahead (``start(list_first=...)``, ``prefetch_list``)
-        #: whose reply is unread
+        #: whose reply is untaken; read (or taken from ``_kept``) under ``_early_read`` only
         self._early: _Early | None = None
+        self._kept: tuple[bytes, bytes] | None = None  # read ahead by ``any_exists``
+        self._early_read = asyncio.Lock()
         #: the last listing received per (root, rule), the base of the next delta reply
         self._bases: Bounded[tuple[str, str], _Base] = Bounded(MAX_BASES)
         #: ask the helper to keep listed roots watched (inotify), so that a later listing
@@ -206,8 +208,13 @@ class HelperEndpoint:
     async def _settle(self) -> None:
         """Read and drop the reply to an early listing nobody asked for."""
         if self._early is not None:
-            self._early = None
-            await self._frame()
+            await self._early_reply()
+
+    async def _early_reply(self) -> tuple[bytes, bytes]:
+        """Take the early listing's reply frame: kept by ``any_exists``, or read now."""
+        async with self._early_read:
+            got, self._kept, self._early = self._kept, None, None
+            return got if got is not None else await self._frame()
 
     def _garbage(self, what: str) -> TransportError:
         """The error for a stream that broke the protocol; the session is unusable after."""
@@ -291,9 +298,8 @@ class HelperEndpoint:
     async def _list(self, root: str, rule: ExcludeRule, known: str) -> Listing | None:
         wire = rule.wire()
         frame: tuple[bytes, bytes] | None = None
-        early, self._early = self._early, None
-        if early is not None:
-            got = await self._frame()
+        if (early := self._early) is not None:
+            got = await self._early_reply()
             if early.answers(root, wire, self.resolve_root):
                 frame = got
         if frame is None:
@@ -368,6 +374,23 @@ class HelperEndpoint:
         if not safe:
             filter_unsafe(listing)
         return listing
+
+    async def any_exists(self, paths: Sequence[str]) -> bool:
+        """The contract's; asked of the helper itself (no other remote process). Behind
+        a pending early listing, whose reply comes first and is kept for its reader."""
+        request = frame(b"J", encode_json({"op": Op.EXISTS.value, "paths": list(paths)}))
+        try:
+            async with self._early_read:
+                await self.proc.write(request)
+                if self._early is not None and self._kept is None:
+                    self._kept = await self._frame()
+                found = (await self._reply()).get("found")
+        except asyncio.CancelledError:
+            self.broken = True  # a reply may be left on the stream, out of step
+            raise
+        if not isinstance(found, bool):
+            raise self._garbage("malformed exists reply")
+        return found
 
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         """Stream ``paths`` into ``sink``; torn or vanished files are reported to it.

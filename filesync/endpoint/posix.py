@@ -56,8 +56,9 @@ Guarantees, per operation:
   directories and symlinks: how, and the one limit (a directory moved out while in
   use), is argued in ``filesync.endpoint.posix_scripts``.
 
-Modules: ``posix_scripts`` (the shell code), ``posix_parse`` (reading its output),
-``posix_tar`` (the tar streams), this one (the endpoint).
+Modules: ``posix_scripts`` (the shell code, and ``PlainCommands``: the operations that
+are one plain command, the self-sync check's ``any_exists`` among them), ``posix_parse``
+(reading its output), ``posix_tar`` (the tar streams), this one (the endpoint).
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ import asyncio
 import contextlib
 import posixpath
 import secrets
-import shlex
 import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -97,6 +97,7 @@ from filesync.endpoint.posix_scripts import (
     SEND_OP,
     STAT_C,
     STAT_F,
+    PlainCommands,
     Tools,
     level_input,
     script,
@@ -113,7 +114,7 @@ _SPOOL_MEMORY = 8 << 20
 _RECORD = 10240
 
 
-class PosixEndpoint:
+class PosixEndpoint(PlainCommands):
     """The ``Endpoint`` of a remote without python3: one shell script per operation."""
 
     def __init__(self, conduit: Conduit, hello: dict[str, str], tools: Tools) -> None:
@@ -382,12 +383,6 @@ class PosixEndpoint:
         elif total == 0:
             await self._make_root(root)
         return [results[i] for i in range(1, total + 1)]
-
-    async def _make_root(self, root: str) -> None:
-        done = await self.conduit.run(f"mkdir -p -- {shlex.quote(root)}")
-        if done.returncode != 0:
-            raise TransportError(f"could not create the remote root {root}: "
-                                 f"{done.stderr.decode(errors='replace').strip()[-200:]}")
 
     async def _upload(
         self, root: str, numbered: list[tuple[int, SendItem, str]]

@@ -48,6 +48,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from filesync.errors import TransportError
+from filesync.transport.base import Conduit
+
 #: Flavours of listing/stat: GNU find's -printf, ``stat -c`` (GNU, busybox), ``stat -f`` (BSD).
 GNU_FIND, STAT_C, STAT_F = "gnu-find", "stat-c", "stat-f"
 
@@ -406,3 +409,24 @@ def script(tools: Tools, root: str, body: str, names: Sequence[str] = ()) -> str
         _ENTER,
         body,
     ])
+
+
+class PlainCommands:
+    """The fallback's operations that are one plain command each, nothing streamed."""
+
+    conduit: Conduit
+
+    async def any_exists(self, paths: Sequence[str]) -> bool:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        done = await self.conduit.run(
+            f'for p in {quoted}; do if [ -e "$p" ]; then echo found; fi; done; exit 0')
+        if done.returncode != 0:
+            raise TransportError("the remote shell failed to check paths (POSIX fallback): "
+                                 f"{done.stderr.decode(errors='replace').strip()[-200:]}")
+        return b"found" in done.stdout
+
+    async def _make_root(self, root: str) -> None:
+        done = await self.conduit.run(f"mkdir -p -- {shlex.quote(root)}")
+        if done.returncode != 0:
+            raise TransportError(f"could not create the remote root {root}: "
+                                 f"{done.stderr.decode(errors='replace').strip()[-200:]}")

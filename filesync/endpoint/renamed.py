@@ -91,6 +91,9 @@ class RenamedEndpoint:
         return [replace(o, path=self._in(o.path)) for o in
                 await self._inner.delete(root, out)]
 
+    async def any_exists(self, paths: Sequence[str]) -> bool:
+        return await self._inner.any_exists(paths)
+
     async def close(self) -> None:
         await self._inner.close()
 

@@ -131,7 +131,7 @@ class Runner:
         self.connect = connect
         self.log = log
         self.renewable = renewable
-        self._checked: weakref.WeakKeyDictionary[Conduit, set[tuple[Path, str]]] = (
+        self._checked: weakref.WeakKeyDictionary[Endpoint, set[tuple[Path, str]]] = (
             weakref.WeakKeyDictionary())
 
     async def run(self, jobs: Sequence[Job], *, guard: bool = True,
@@ -243,10 +243,12 @@ class Runner:
         """The job's passes on its conduit, each one's result into ``outcome``."""
         conduit, passes = ready.conduit, ready.passes
         check = self._guard if how.guard else None
-        if how.guard:
+        if how.guard and any(p.remote_root is not None for p in passes[1:]):
+            endpoint = await self.warm.endpoints.endpoint_for(conduit, self.log,
+                                                              watch=self.warm.watching)
             for p in passes[1:]:
                 if p.remote_root is not None:
-                    await self._guard(conduit, p.local, p.remote_root)
+                    await self._guard(endpoint, p.local, p.remote_root)
         for n, p in enumerate(passes):
             try:
                 report = await run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter,
@@ -270,10 +272,10 @@ class Runner:
                 continue
             outcome.passes.append((p, report))
 
-    async def _guard(self, conduit: Conduit, local_root: Path, remote_root: str) -> None:
-        checked = self._checked.setdefault(conduit, set())
+    async def _guard(self, endpoint: Endpoint, local_root: Path, remote_root: str) -> None:
+        checked = self._checked.setdefault(endpoint, set())
         if (local_root, remote_root) not in checked:
-            await refuse_self_sync(conduit, local_root, remote_root, self.log)
+            await refuse_self_sync(endpoint, local_root, remote_root, self.log)
             checked.add((local_root, remote_root))
 
 

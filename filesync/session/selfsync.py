@@ -32,13 +32,12 @@ import os
 import posixpath
 import re
 import secrets
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from filesync.errors import FilesyncError, SelfSync, TransportError
-from filesync.transport.base import Conduit
+from filesync.endpoint.contract import Endpoint
+from filesync.errors import FilesyncError, SelfSync
 
 #: The nonce's name up to its random part: the temp-file form with pid 1 (see above).
 NONCE_PREFIX = ".filesync.1."
@@ -65,11 +64,13 @@ def candidates(local_root: Path, remote_root: str, nonce: str, inside: bool) -> 
 
 
 async def refuse_self_sync(
-    conduit: Conduit, local_root: Path, remote_root: str,
+    endpoint: Endpoint, local_root: Path, remote_root: str,
     log: Callable[[str], None] | None = None,
 ) -> None:
-    """Raise ``SelfSync`` if ``remote_root`` (absolute, on ``conduit``'s side) is
-    ``local_root``, contains it or lies inside it; changes nothing either way."""
+    """Raise ``SelfSync`` if ``remote_root`` (absolute, on ``endpoint``'s side) is
+    ``local_root``, contains it or lies inside it; changes nothing either way. The
+    remote side is asked through the endpoint's own process (``Endpoint.any_exists``):
+    the check starts no remote process of its own."""
     carrier = local_root
     while not carrier.is_dir() and carrier != carrier.parent:
         carrier = carrier.parent
@@ -88,8 +89,8 @@ async def refuse_self_sync(
         raise FilesyncError(f"cannot write the self-sync check file in {carrier}: "
                             f"{exc.strerror}; check the local directory") from exc
     try:
-        found = await _look(conduit, candidates(carrier, remote_root, nonce,
-                                                carrier == local_root))
+        found = await endpoint.any_exists(candidates(carrier, remote_root, nonce,
+                                                     carrier == local_root))
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -112,16 +113,3 @@ def _remove_old_nonces(carrier: Path) -> None:
                         os.unlink(entry.path)
 
 
-async def _look(conduit: Conduit, paths: list[str]) -> bool:
-    """True if any of ``paths`` exists on the remote (one small shell command)."""
-    quoted = " ".join(shlex.quote(p) for p in paths)
-    done = await conduit.run(
-        f'for p in {quoted}; do if [ -e "$p" ]; then echo found; fi; done; exit 0'
-    )
-    if done.returncode != 0:
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise TransportError(
-            f"could not check whether the remote root is the local tree "
-            f"({err[-1] if err else f'exit {done.returncode}'}); check the remote's sh"
-        )
-    return b"found" in done.stdout

@@ -28,6 +28,7 @@ from typing import Any
 from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
+from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import FilesyncError
 from filesync.host.retention import Pruned, prune_runs, run_of
@@ -104,16 +105,18 @@ async def run_pass(
     remote_path: str,
     opts: Options,
     plan_filter: Callable[[list[Action]], list[Action]] | None = None,
-    guard: Callable[[Conduit, Path, str], Awaitable[None]] | None = None,
+    guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None = None,
     *,
     warm: WarmState | None = None,
     host_scans: HostScans | None = None,
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
 
-    ``guard`` runs with the conduit, the local root and the resolved remote root while the
-    state opens and both sides list; it is awaited before anything is fetched, recovered
-    or applied, so raising there ends the pass with nothing changed (the self-sync check).
+    ``guard`` runs with the conduit's endpoint, the local root and the resolved remote
+    root while the state opens and both sides list (so of the endpoint it may ask only
+    ``any_exists``, which waits behind the pending listing); it is awaited before anything
+    is fetched, recovered or applied, so raising there ends the pass with nothing changed
+    (the self-sync check).
     ``warm``: the owner's warm state the pass uses and adds to (``filesync.sync.warm``);
     None runs it cold: the endpoint it starts on the conduit is ended when it returns,
     and nothing is kept. ``host_scans``: the walks and reads shared with the other passes
@@ -133,7 +136,7 @@ async def _run(
     remote_path: str,
     opts: Options,
     plan_filter: Callable[[list[Action]], list[Action]] | None,
-    guard: Callable[[Conduit, Path, str], Awaitable[None]] | None,
+    guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None,
     warm: WarmState,
     host_scans: HostScans | None,
 ) -> Report:
@@ -146,7 +149,7 @@ async def _run(
             if host_scans is None else None)
     # The first listing rides behind the helper's source: no round trip is waited for.
     remote_rule = opts.rule if opts.rename is None else opts.rename.rule
-    endpoint = await warm.endpoints.endpoint_for(
+    endpoint = remote = await warm.endpoints.endpoint_for(
         conduit, opts.log, (remote_path, remote_rule), warm.watching, opts.idle_timeout)
     if opts.rename is not None:
         endpoint = RenamedEndpoint(endpoint, opts.rename)
@@ -157,7 +160,7 @@ async def _run(
         # The helper walks while the state is opened and the host is walked.
         await endpoint.prefetch_list(remote_root, opts.rule)
         # The guard's round trip runs while the state opens and both sides list.
-        checking = (asyncio.ensure_future(guard(conduit, local_root, remote_root))
+        checking = (asyncio.ensure_future(guard(remote, local_root, remote_root))
                     if guard is not None else None)
         try:
             state = await open_pair(

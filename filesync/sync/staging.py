@@ -5,7 +5,8 @@ A file counts as staged once every byte was written and hashed; one that failed 
 found torn later) is dropped and its reason kept, so the plan leaves it out and the next
 run retries it. Durability is paid once for all of them (``flush``, before the apply's
 journal names them): each file's writeback starts as soon as it is whole, and the fsyncs
-come together at the end, instead of one full flush per file.
+come together at the end, several at once (``tree.dirfd.each_at_once``: they share the
+file system's journal commits), instead of one full flush per file.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from filesync.endpoint.contract import FetchHeader, FetchSink
 from filesync.host.scan import new_hasher
-from filesync.tree.dirfd import ROOT_FLAGS, fsync_dir, start_writeback
+from filesync.tree.dirfd import ROOT_FLAGS, each_at_once, fsync_dir, start_writeback
 
 
 @dataclass(slots=True)
@@ -81,15 +82,9 @@ class StagingSink(FetchSink):
         """Put every file staged so far on disk (data, then the staging dir's names):
         called before anything renames a staged file into place."""
         paths, self._unflushed = self._unflushed, []
-        for path in paths:
-            staged = self.staged.get(path)
-            if staged is None:
-                continue  # dropped since (a torn read found later)
-            fd = os.open(staged.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        # (A path dropped since, by a torn read found later, has nothing to flush.)
+        each_at_once(_fsync_file,
+                     [s.path for p in paths if (s := self.staged.get(p)) is not None])
         if paths:
             fd = os.open(self.dir, ROOT_FLAGS)
             try:
@@ -103,3 +98,11 @@ class StagingSink(FetchSink):
         staged = self.staged.pop(path, None)
         if staged is not None:
             staged.path.unlink(missing_ok=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -190,6 +190,14 @@ class Server:
                     break
         self.chan.send_json({"changed": changed, "watched": len(trees)})
 
+    def op_exists(self, req: dict[str, Any]) -> None:
+        """Whether any of ``paths`` exists, symlinks followed (``[ -e ]``); the client's
+        self-sync probe, answered by this process instead of a shell of its own."""
+        paths = req["paths"]
+        if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
+            raise TypeError("paths")
+        self.chan.send_json({"found": any(os.path.exists(p) for p in paths)})
+
     def op_fetch(self, req: dict[str, Any]) -> None:
         rfd = self.root_fd(req["root"], False)
         dirs = Dirs(rfd)
@@ -328,6 +336,7 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
         Op.SEND.value: server.op_send,
         Op.DELETE.value: server.op_delete,
         Op.WAIT.value: server.op_wait,
+        Op.EXISTS.value: server.op_exists,
     }
     chan.send_json(server.hello())
     if dog is not None:  # after the hello: a client that saw the thread saw the hello

@@ -276,6 +276,9 @@ class Op(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.
     WAIT = "wait"
     #: ends a running ``wait``; no reply of its own
     WAKE = "wake"
+    #: ``{"paths": [absolute, ...]}``: ``{"found": bool}``, whether any of them exists
+    #: (symlinks followed); the self-sync check's probe
+    EXISTS = "exists"
 
 
 class Status(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.11)

@@ -327,6 +327,33 @@ async def test_prefetch_then_list_equals_a_listing_alone(remote: Remote) -> None
     assert view(await ep.list_tree(remote.root, RULE)) == view(alone)
 
 
+async def test_any_exists_follows_symlinks_and_waits_behind_a_pending_listing(
+    remote: Remote,
+) -> None:
+    root = remote.path
+    write(root / "a.txt", "a\n")
+    (root / "d").mkdir()
+    (root / "to-a").symlink_to("a.txt")
+    (root / "dangling").symlink_to("nowhere")
+    ep = remote.endpoint
+    alone = view(await ep.list_tree(remote.root, RULE))
+
+    def at(*names: str) -> list[str]:
+        return [f"{remote.root}/{name}" for name in names]
+
+    assert await ep.any_exists(at("nowhere", "a.txt")) is True
+    assert await ep.any_exists(at("d")) is True
+    assert await ep.any_exists(at("to-a")) is True
+    assert await ep.any_exists(at("dangling", "nowhere", "d/nowhere")) is False
+    assert await ep.any_exists([]) is False
+    # Asked while a listing asked for ahead is pending (the pass's self-sync check): both
+    # get their own answers, the listing whole.
+    await ep.prefetch_list(remote.root, RULE)
+    assert await ep.any_exists(at("nowhere")) is False
+    assert await ep.any_exists(at("a.txt")) is True
+    assert view(await ep.list_tree(remote.root, RULE)) == alone
+
+
 @pytest.mark.parametrize("watch", [False, True], ids=["fresh", "watch"])
 async def test_a_later_listing_shows_every_change(remote: Remote, watch: bool) -> None:
     root = remote.path

@@ -35,8 +35,8 @@ H = struct.Struct(">cI")
 scenario, abs_target = sys.argv[1], sys.argv[2]
 bootstrap = re.search(r"read\((\d+)\)", sys.argv[-1])
 if bootstrap is None:
-    # Not the helper's start (the client's self-sync check): the host's own shell answers,
-    # as on any real remote; only the helper lies.
+    # Not the helper's start (killing a silent helper, say): the host's own shell
+    # answers, as on any real remote; only the helper lies.
     os.execvp("sh", ["sh", "-c", sys.argv[-1]])
 size = int(bootstrap.group(1))
 inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -163,6 +163,8 @@ while True:
         hang()
     elif op == "delete":
         js({"results": [[f[0], "ok"] for f in req["files"]]}, b"Z")
+    elif op == "exists":  # the client's self-sync check: answered truthfully
+        js({"found": any(os.path.exists(p) for p in req["paths"])})
 '''
 
 

@@ -180,3 +180,77 @@ def test_remote_send_over_the_batch_limit_keeps_the_order_per_batch(
         assert all(e[0] != "rename" for e in events[first:last + 1] if e not in batch)
     for rel, data in files.items():
         assert (root / rel).read_bytes() == data
+
+
+def _fsyncs_meet(monkeypatch: pytest.MonkeyPatch, watched: Callable[[str], bool]) -> list[int]:
+    """Run a batch's fsyncs 2 at a time, and make each fsync of a ``watched`` path wait at
+    a barrier for a second one under way: one after another, the first would wait until
+    the barrier breaks. The list returned gets each meeting's arrival indexes."""
+    import threading
+
+    from filesync.tree import dirfd
+
+    monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
+    real_fsync = os.fsync
+    meet = threading.Barrier(2, timeout=30)
+    met: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if watched(_fd_path(fd)):
+            met.append(meet.wait())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return met
+
+
+def test_remote_send_runs_a_batchs_fsyncs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Concurrent fsyncs share journal commits.
+    met = _fsyncs_meet(monkeypatch, lambda path: os.path.basename(path).startswith(".filesync."))
+    root = tmp_path / "remote"
+    files = {f"f{i}": b"x" * i for i in range(4)}
+    rows = _send(root, files)
+    assert [r[:2] for r in rows] == [[rel, "ok"] for rel in files]
+    assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
+
+
+def test_host_pull_runs_the_staged_files_fsyncs_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
+    for i in range(4):
+        write(pair.remote / f"f{i}.txt", f"file {i}\n")
+    staging = str(pair.state)
+    met = _fsyncs_meet(monkeypatch, lambda path: path.startswith(staging)
+                       and "/staging/" in path and os.path.isfile(path))
+    assert pair.ok("pull")["downloaded"] == 4
+    assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
+
+
+def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:
+    from filesync.tree import dirfd
+
+    class Sink:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def sync(self) -> list[Any] | None:
+            if self.fail:
+                raise RuntimeError("a bug in sync")
+            return None
+
+    sinks: list[Any] = [Sink(i == 5) for i in range(9)]
+    with pytest.raises(RuntimeError, match="a bug in sync"):
+        dirfd.each_at_once(Sink.sync, sinks)
+    assert dirfd.each_at_once(Sink.sync, [Sink(False) for _ in range(3)]) == [None] * 3
+
+
+@pytest.mark.parametrize(("open_files", "limit"),
+                         [(-1, 512), (20000, 512), (1024, 256), (256, 64), (12, 3)])
+def test_a_batch_takes_at_most_half_of_the_descriptors(open_files: int, limit: int) -> None:
+    # a descriptor per pending file and per directory: 2 * LIMIT at most, of ``open_files``
+    from filesync.tree.dirfd import batch_limit
+
+    assert batch_limit(open_files) == limit

@@ -58,6 +58,8 @@ class Wrapped(Conduit):
         self.gate.set()
         self.waiting = threading.Event()  # set when a start is held at the gate
         self.closed = False
+        #: every command started on the remote side, in order
+        self.commands: list[str] = []
 
     async def hold(self) -> None:
         if not self.gate.is_set():
@@ -66,6 +68,7 @@ class Wrapped(Conduit):
 
     async def start(self, command: str) -> RemoteProcess:
         await self.hold()
+        self.commands.append(command)
         return Gated(await self.inner.start(command), self)
 
     async def close(self) -> None:

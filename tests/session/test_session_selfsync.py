@@ -65,6 +65,19 @@ def test_neighbours_are_not_self_sync_and_status_is_not_refused(
     assert not [n for n in os.listdir(tree) if n.startswith(".filesync.")]
 
 
+def test_the_check_starts_no_remote_process_of_its_own(
+    tmp_path: Path, tree: Path, factory: Factory
+) -> None:
+    # It asks the remote helper (``Endpoint.any_exists``): one remote process per
+    # connection, the helper, with the check refusing as before.
+    with Session(tmp_path / "mirror", conduit=factory, state_dir=tmp_path / "state") as s:
+        assert s.push(Mapping(tree, "project")).uploaded == 2
+        with pytest.raises(SelfSync):
+            s.push(Mapping(tree, str(tree)))
+    [conduit] = factory.opened
+    assert len(conduit.commands) == 1
+
+
 def test_the_candidates_cover_equal_containing_and_inside() -> None:
     got = candidates(Path("/home/u/p"), "/srv/x/y", "N", True)
     assert got[:4] == ["/srv/x/y/N", "/srv/x/y/p/N", "/srv/x/y/u/p/N", "/srv/x/y/home/u/p/N"]

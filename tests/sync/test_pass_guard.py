@@ -12,12 +12,13 @@ from synctree import snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
+from filesync.endpoint.contract import Endpoint
 from filesync.errors import SelfSync
 from filesync.host.apply import HostOp
 from filesync.host.journal import Journal
 from filesync.host.state import PairState
 from filesync.sync.engine import Options, Report, run_pass
-from filesync.transport.base import Conduit
+from filesync.transport.base import RemoteProcess
 from filesync.transport.local import local_conduit
 
 RULE = ExcludeRule.build(default_excludes=False)
@@ -25,7 +26,7 @@ RULE = ExcludeRule.build(default_excludes=False)
 
 def _pass(tmp: Path, direction: Direction, refuse: bool,
           seen: list[tuple[Path, str]]) -> Report:
-    async def guard(_conduit: Conduit, local_root: Path, remote_root: str) -> None:
+    async def guard(_endpoint: Endpoint, local_root: Path, remote_root: str) -> None:
         seen.append((local_root, remote_root))
         await asyncio.sleep(0)  # a real guard waits on the remote
         if refuse:
@@ -74,3 +75,35 @@ def test_an_interrupted_apply_is_not_recovered_before_the_guard_passes(tmp_path:
     report = _pass(tmp_path, Direction.PUSH, False, [])
     assert not (tmp_path / "local" / "gone.txt").exists() and not journal.exists()
     assert report.uploaded == 0
+
+
+def test_the_self_sync_check_rides_the_pass_helper_while_it_lists(tmp_path: Path) -> None:
+    # The CLI's guard asks the pass's own helper, while its first listing is pending: the
+    # listing still arrives whole, and no other remote process is started.
+    from filesync.session.selfsync import refuse_self_sync
+
+    write(tmp_path / "local" / "a.txt", "a\n")
+    write(tmp_path / "remote" / "b.txt", "b\n")
+    started: list[str] = []
+
+    async def main(remote: Path) -> Report:
+        conduit = local_conduit()
+        start = conduit.start
+
+        async def counted(command: str) -> RemoteProcess:
+            started.append(command)
+            return await start(command)
+
+        conduit.start = counted  # type: ignore[method-assign]
+        try:
+            opts = Options(Direction.SYNC, rule=RULE, state_dir=tmp_path / "state")
+            return await run_pass(conduit, tmp_path / "local", str(remote), opts,
+                                  guard=refuse_self_sync)
+        finally:
+            await conduit.close()
+
+    report = asyncio.run(main(tmp_path / "remote"))
+    assert (report.uploaded, report.downloaded) == (1, 1) and len(started) == 1
+    with pytest.raises(SelfSync):
+        asyncio.run(main(tmp_path / "local"))
+    assert len(started) == 2
