@@ -204,6 +204,8 @@ async def _pass(
     report.open_conflicts = list(inputs.state.conflicts().values())
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
+    if scans.carry is not None:
+        scans.carry.keep()
     clean = not (report.skipped or report.errors or report.open_conflicts)
     seal = seal_for(opts, scans, planned, clean)
     if seal is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
+from filesync.core.lineage import Lineage
 from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
@@ -37,6 +38,7 @@ from filesync.host.scan import (
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
+from filesync.sync import carry as carrying
 from filesync.sync import seal as sealing
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import memo_for
@@ -156,10 +158,14 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
                 reading.exception()  # raised below, or superseded by what is unwinding
         finally:
             listed = await walking
-    anc, old_cache = reading.result()
+    anc, old_cache, state_lineage = reading.result()
     if isinstance(listed, tuple):  # shared: judged against the shared walk's start
         listed, started_ns = listed
-    local = _scan_cached(inputs, listed, old_cache, started_ns)
+    carry = carrying.begin(
+        memo_for(str(inputs.local_root), inputs.remote_root, opts.watch),
+        listed.lineage, remote.lineage, state_lineage)
+    local = (_scan_cached(inputs, listed, old_cache, started_ns) if carry is None
+             else _carried_scan(carry, listed, old_cache, started_ns))
     # (No unsafe name is in ``remote``: the endpoint contract keeps them in ``skipped``,
     # and ``tests/endpoint/test_contract.py`` holds both endpoints to it.)
     rfiles = remote.files()
@@ -167,11 +173,87 @@ async def scan(inputs: PassInputs, walk: Walk | None = None) -> Scans | Sealed:
     (hash_needed if shared is None else shared.hash_needed)(
         local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
     return Scans(anc, local, remote, old_cache, remote.excluded + local.listing.excluded,
-                 (*local.listing.skipped, *remote.skipped))
+                 (*local.listing.skipped, *remote.skipped), carry)
 
 
-def _read_state(state: PairState) -> tuple[dict[str, Ancestor], dict[str, CacheRow]]:
-    return state.ancestors(), state.local_cache()
+def _read_state(state: PairState) -> tuple[dict[str, Ancestor], dict[str, CacheRow],
+                                           Lineage | None]:
+    ancestors, cache = state.ancestors(), state.local_cache()
+    return ancestors, cache, state.lineage()
+
+
+def _carried_scan(carry: carrying.Carry, listed: Listing,
+                  cache: dict[str, CacheRow], started_ns: int) -> LocalScan:
+    """``scan_cached``, run only on the paths whose inputs changed since the carried
+    pass (all of them when nothing is carried)."""
+    kept = carry.carried
+    if kept is None:
+        scan = scan_cached(listed, cache, started_ns)
+    else:
+        entries = listed.entries
+        changed = {p: entries[p] for p in carry.recompute if p in entries}
+        fresh = scan_cached(Listing(listed.root, True, changed), cache, started_ns) \
+            if changed else LocalScan(listed)
+        scan = LocalScan(listed, dict(kept.hits), dict(kept.rows), [], started_ns)
+        misses = set(kept.misses)
+        for p in carry.recompute:
+            scan.hashes.pop(p, None)
+            scan.cache_rows.pop(p, None)
+            misses.discard(p)
+        scan.hashes.update(fresh.hashes)
+        scan.cache_rows.update(fresh.cache_rows)
+        misses.update(fresh.misses)
+        scan.misses = sorted(misses)
+    carry.scanned(scan.hashes, scan.cache_rows, scan.misses)
+    return scan
+
+
+def _carried_same(carry: carrying.Carry, anc: Mapping[str, Ancestor],
+                  rfiles: dict[str, Entry]) -> set[str]:
+    """``_unchanged_remote``, run only on the remote files whose inputs changed since
+    the carried pass (all of them when nothing is carried)."""
+    kept = carry.carried
+    if kept is None:
+        same = _unchanged_remote(anc, rfiles)
+        carry.compared(same, set(filterfalse(same.__contains__, rfiles)))
+        return same
+    changed = {p: rfiles[p] for p in carry.recompute if p in rfiles}
+    fresh = _unchanged_remote(anc, changed) if changed else set()
+    same = set(kept.same)
+    same.difference_update(carry.recompute)
+    same |= fresh
+    rest = set(kept.rest)
+    rest.difference_update(carry.recompute)
+    rest.update(p for p in changed if p not in fresh)
+    carry.compared(same, rest)
+    return same
+
+
+def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: LocalScan,
+                   rfiles: dict[str, Entry], same: Set[str]) -> tuple[set[str], set[str]]:
+    """``_quiet``, and the paths of the ancestors, host hashes and ``same`` that are
+    not quiet, run only on the paths whose inputs changed since the carried pass."""
+    kept = carry.carried
+    hashes = local.hashes
+    if kept is None:
+        quiet = _quiet(anc, local, rfiles, same)
+        loud: set[str] = set()
+        for side in (anc.keys(), hashes.keys(), same):
+            if len(side) != len(quiet):
+                loud |= side - quiet
+    else:
+        again = carry.recompute
+        changed = {p: rfiles[p] for p in again if p in rfiles}
+        fresh = _quiet(anc, local, changed, same & again) if changed else set()
+        quiet = set(kept.quiet)
+        quiet.difference_update(again)
+        quiet |= fresh
+        loud = set(kept.loud)
+        loud.difference_update(again)
+        loud.update(p for p in again
+                    if p not in fresh and (p in anc or p in hashes or p in same))
+    carry.planned(quiet, loud)
+    return quiet, loud
 
 
 async def wait_out(fut: asyncio.Future[Any]) -> None:
@@ -227,16 +309,21 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
     # listing order, which keeps memory access sequential), then give only the
     # rest to the loop below, which decides exactly as it would for every file. A
     # watched pass whose ancestors and listing equal the last one's reuses its result.
-    memo = memo_for(str(inputs.local_root), inputs.remote_root, opts.watch)
+    carry = scans.carry
+    memo = memo_for(str(inputs.local_root), inputs.remote_root, opts.watch) \
+        if carry is None else None
     kept = memo.get("same", anc, rfiles) if memo is not None else None
     same: set[str] | frozenset[str]
-    if isinstance(kept, frozenset) and len(kept) == len(rfiles):
+    if carry is not None:
+        same = _carried_same(carry, anc, rfiles)
+    elif isinstance(kept, frozenset) and len(kept) == len(rfiles):
         same = kept  # every listed file: the loop below has nothing to do
     else:
         same = set(kept) if isinstance(kept, frozenset) else _unchanged_remote(anc, rfiles)
     # (``same`` holds only listed paths: as many means all of them.)
     rest: Iterable[tuple[str, Entry]] = (
-        rfiles.items() if not same
+        ((rel, rfiles[rel]) for rel in carry.rest) if carry is not None
+        else rfiles.items() if not same
         else () if len(same) == len(rfiles)
         else ((rel, rfiles[rel]) for rel in filterfalse(same.__contains__, rfiles))
     )
@@ -318,10 +405,15 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     anc, local = scans.ancestors, scans.local
     entries, hashes = local.listing.entries, local.hashes
     same, rfiles = versions.same, scans.remote.files()
-    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch)
+    carry = scans.carry
+    memo = memo_for(str(inputs.local_root), inputs.remote_root, inputs.opts.watch) \
+        if carry is None else None
     kept = memo.get("quiet", same, anc, hashes, entries) if memo is not None else None
     quiet: Set[str]
-    if isinstance(kept, frozenset):
+    loud: set[str] | None = None
+    if carry is not None:
+        quiet, loud = _carried_quiet(carry, anc, local, rfiles, same)
+    elif isinstance(kept, frozenset):
         quiet = kept
     else:
         quiet = _quiet(anc, local, rfiles, same)
@@ -331,16 +423,20 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
     unknown = {s.path for s in skipped}
     # Remote files neither unchanged nor with a version: skipped or left alone.
-    unknown |= _left_out(rfiles, same, rv)
+    unknown |= (_left_out(rfiles, same, rv) if carry is None
+                else set(filterfalse(rv.__contains__, carry.rest)))
     unknown |= _under_skipped(skipped, anc.keys(), hashes.keys(), rv.keys())
     # Every path any side knows, but the quiet ones: ``quiet`` is a subset of
     # ``same``, ``anc`` and ``hashes`` (``_quiet`` only keeps paths found in all
     # three), so a side holding exactly as many paths holds nothing else; a no-op
     # pass over a large tree then builds no large set here.
     paths: set[str] = set()
-    for side in (anc.keys(), hashes.keys(), same):
-        if len(side) != len(quiet):
-            paths |= side - quiet
+    if loud is not None:
+        paths |= loud
+    else:
+        for side in (anc.keys(), hashes.keys(), same):
+            if len(side) != len(quiet):
+                paths |= side - quiet
     paths |= rv.keys() - quiet
     paths -= unknown
     for p in paths & same:

@@ -402,6 +402,24 @@ def _update_caches(
 ) -> None:
     touched = {a.path for a in plan if a.kind in (Kind.DOWNLOAD, Kind.DELETE_LOCAL)}
     rows = scans.local.cache_rows
+    carry = scans.carry
+    if carry is not None and carry.carried is not None:
+        # Rows differ from the cache's only where the pass read or moved a file, or a
+        # path's inputs changed (``sync.carry``): only those are compared.
+        again = carry.recompute | touched | {a.path for a in plan} | read_rows.keys()
+        old = scans.old_cache
+        upserts: dict[str, CacheRow] = {}
+        gone: list[str] = []
+        for p in again:
+            row = None if p in touched else read_rows.get(p) or rows.get(p)
+            if row is None:
+                if p in old:
+                    gone.append(p)
+            elif old.get(p) != row:
+                upserts[p] = row
+        inputs.state.update_local_cache(upserts, gone)
+        _put_remote_cache(inputs)
+        return
     if touched or (rows and read_rows):
         new = {k: v for k, v in rows.items() if k not in touched}
         new.update((k, v) for k, v in read_rows.items() if k not in touched)
@@ -414,6 +432,10 @@ def _update_caches(
         changed = dict(compress(new.items(), map(ne, map(old.get, new), new.values()))) \
             if old else new
         inputs.state.update_local_cache(changed, old.keys() - new.keys())
+    _put_remote_cache(inputs)
+
+
+def _put_remote_cache(inputs: PassInputs) -> None:
     remote = [(path, s.size, s.mtime_ns, s.hash) for path, s in inputs.sink.staged.items()
               if s.mtime_ns < inputs.now - RACY_NS]
     if remote:  # an empty write would still take the database's write lock
