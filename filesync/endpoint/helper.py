@@ -331,7 +331,8 @@ class HelperEndpoint:
             if (base is None or type(reply["base"]) is not int or reply["base"] != base.gen
                     or type(removed) is not list):
                 raise self._garbage("delta listing against a listing never received")
-            files, odd = dict(base.files), dict(base.odd)
+            # The base was taken out (``pop``): updated in place, it becomes the next.
+            files, odd = base.files, base.odd
             came = [] if base.safe else None
             series = base.series
             for rel in removed:

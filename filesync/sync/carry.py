@@ -32,7 +32,6 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Set
 from dataclasses import dataclass
 
 from filesync.core.lineage import Lineage
@@ -46,19 +45,21 @@ CARRIED = "carried"
 @dataclass(frozen=True, slots=True)
 class Carried:
     """What a pass found, with the lineages of the inputs it found it in (host listing,
-    remote listing, state). The sets and dicts are never changed once kept."""
+    remote listing, state). The next pass takes the sets and dicts over (``begin`` takes
+    them out of the memo): they are updated in place, never copied."""
 
     lineages: tuple[Lineage, Lineage, Lineage]
-    #: cache hits: their hashes and cache rows; the misses
+    #: the pass's host hashes and cache rows, as its transition left them: right for
+    #: every path but the misses (read afresh by each pass), which the next pass drops
     hits: dict[str, str]
     rows: dict[str, CacheRow]
     misses: frozenset[str]
-    same: Set[str]
+    same: set[str]
     #: remote files not in ``same``
-    rest: Set[str]
-    quiet: Set[str]
+    rest: set[str]
+    quiet: set[str]
     #: paths of the ancestors, host hashes or ``same`` that are not quiet
-    loud: Set[str]
+    loud: set[str]
 
 
 class Carry:
@@ -77,24 +78,25 @@ class Carry:
         #: the paths the series name since the carried pass (None: everything)
         self.recompute: set[str] = changed if changed is not None else set()
         self._scan: tuple[dict[str, str], dict[str, CacheRow], frozenset[str]] | None = None
-        self._remote: tuple[Set[str], Set[str]] | None = None
-        self._plan: tuple[Set[str], Set[str]] | None = None
+        self._remote: tuple[set[str], set[str]] | None = None
+        self._plan: tuple[set[str], set[str]] | None = None
 
     def scanned(self, hashes: dict[str, str], rows: dict[str, CacheRow],
                 misses: list[str]) -> None:
-        """The stat-cache lookup (before any miss is read): copies are kept. The misses
-        are read again this pass: their results are recomputed."""
-        self._scan = (dict(hashes), dict(rows), frozenset(misses))
+        """The stat-cache lookup, before any miss is read (the dicts are the pass's own,
+        kept as the pass leaves them). The misses are read again this pass: their
+        results are recomputed."""
+        self._scan = (hashes, rows, frozenset(misses))
         self.recompute.update(misses)
 
-    def compared(self, same: Set[str], rest: Set[str]) -> None:
+    def compared(self, same: set[str], rest: set[str]) -> None:
         self._remote = (same, rest)
 
-    def planned(self, quiet: Set[str], loud: Set[str]) -> None:
+    def planned(self, quiet: set[str], loud: set[str]) -> None:
         self._plan = (quiet, loud)
 
     @property
-    def rest(self) -> Set[str]:
+    def rest(self) -> set[str]:
         assert self._remote is not None, "compared() comes first"
         return self._remote[1]
 

@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import dataclass
-from itertools import filterfalse
+from itertools import chain, filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +194,14 @@ def _carried_scan(carry: carrying.Carry, listed: Listing,
         changed = {p: entries[p] for p in carry.recompute if p in entries}
         fresh = scan_cached(Listing(listed.root, True, changed), cache, started_ns) \
             if changed else LocalScan(listed)
-        scan = LocalScan(listed, dict(kept.hits), dict(kept.rows), [], started_ns)
+        scan = LocalScan(listed, kept.hits, kept.rows, [], started_ns)
+        # The last pass's misses were read by it (or left unread): their hashes and rows
+        # are dropped, and they stay misses unless their inputs changed.
         misses = set(kept.misses)
-        for p in carry.recompute:
+        for p in chain(carry.recompute, kept.misses):
             scan.hashes.pop(p, None)
             scan.cache_rows.pop(p, None)
-            misses.discard(p)
+        misses.difference_update(carry.recompute)
         scan.hashes.update(fresh.hashes)
         scan.cache_rows.update(fresh.cache_rows)
         misses.update(fresh.misses)
@@ -219,10 +221,10 @@ def _carried_same(carry: carrying.Carry, anc: Mapping[str, Ancestor],
         return same
     changed = {p: rfiles[p] for p in carry.recompute if p in rfiles}
     fresh = _unchanged_remote(anc, changed) if changed else set()
-    same = set(kept.same)
+    same = kept.same
     same.difference_update(carry.recompute)
     same |= fresh
-    rest = set(kept.rest)
+    rest = kept.rest
     rest.difference_update(carry.recompute)
     rest.update(p for p in changed if p not in fresh)
     carry.compared(same, rest)
@@ -245,10 +247,10 @@ def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: Lo
         again = carry.recompute
         changed = {p: rfiles[p] for p in again if p in rfiles}
         fresh = _quiet(anc, local, changed, same & again) if changed else set()
-        quiet = set(kept.quiet)
+        quiet = kept.quiet
         quiet.difference_update(again)
         quiet |= fresh
-        loud = set(kept.loud)
+        loud = kept.loud
         loud.difference_update(again)
         loud.update(p for p in again
                     if p not in fresh and (p in anc or p in hashes or p in same))
