@@ -8,7 +8,6 @@ Real trees, the real helper over the local transport, real SQLite, passes run wi
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import time
@@ -18,14 +17,11 @@ from typing import Any
 
 import pytest
 from synctree import snapshot, write
+from watchedpair import WatchedPair, watched_pair
 
 import filesync.sync.plan as planning
 from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import KEEP_PATHS, Series
-from filesync.core.reconcile import Direction
-from filesync.endpoint.connect import drop_session
-from filesync.sync.engine import Options, Report, run_pass
-from filesync.transport.local import local_conduit
 
 RULE = ExcludeRule.build(default_excludes=False)
 
@@ -47,35 +43,10 @@ def test_a_series_names_every_change_or_says_it_cannot() -> None:
     assert series.now().changed_since(middle) is None
 
 
-class Pair:
-    def __init__(self, tmp: Path) -> None:
-        self.local, self.remote, self.state = tmp / "local", tmp / "remote", tmp / "state"
-        self.local.mkdir()
-        self.remote.mkdir()
-        self.loop = asyncio.new_event_loop()
-        self.conduit = local_conduit()
-
-    def run(self) -> Report:
-        opts = Options(Direction.SYNC, rule=RULE, state_dir=self.state, watch=True)
-        return self.loop.run_until_complete(
-            run_pass(self.conduit, self.local, str(self.remote), opts))
-
-    def close(self) -> None:
-        async def end() -> None:
-            await drop_session(self.conduit)
-            await self.conduit.close()
-
-        self.loop.run_until_complete(end())
-        self.loop.close()
-
-
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Pair]:
-    p = Pair(tmp_path)
-    try:
-        yield p
-    finally:
-        p.close()
+def pair(tmp_path: Path) -> Iterator[WatchedPair]:
+    with watched_pair(tmp_path) as opened:
+        yield opened
 
 
 def _old(path: Path, age: float = 3600) -> None:
@@ -97,7 +68,7 @@ def _watch_recompute(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
 
 
 def test_a_watched_pass_recomputes_only_what_changed(
-    pair: Pair, monkeypatch: pytest.MonkeyPatch
+    pair: WatchedPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for i in range(60):
         write(pair.local / f"d{i % 4}" / f"f{i}.txt", f"file {i}\n")
@@ -116,7 +87,7 @@ def test_a_watched_pass_recomputes_only_what_changed(
 
 
 def test_carried_passes_plan_what_a_full_pass_plans(
-    pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pair: WatchedPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random edits, creations and deletions on both sides, some in conflict: after each
     carried pass, both trees agree with what a pass without carried results makes of
@@ -143,8 +114,5 @@ def test_carried_passes_plan_what_a_full_pass_plans(
         pair.run()
         pair.run()  # the echo of the pass's own writes
         assert snapshot(pair.local) == snapshot(pair.remote)
-        full = Options(Direction.SYNC, rule=RULE, state_dir=pair.state, watch=False)
-        again = pair.loop.run_until_complete(
-            run_pass(pair.conduit, pair.local, str(pair.remote), full))
-        assert again.plan == [], round_
+        assert pair.run(watch=False).plan == [], round_
     assert any(n is not None for n in seen[2:])  # carried passes did run
