@@ -22,6 +22,10 @@ from watchedpair import WatchedPair, watched_pair
 import filesync.sync.plan as planning
 from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import KEEP_PATHS, Series
+from filesync.endpoint.connect import session_for
+from filesync.endpoint.helper import HelperEndpoint, _wire_key
+from filesync.sync.carry import CARRIED, Carried
+from filesync.sync.memo import memo_for
 
 RULE = ExcludeRule.build(default_excludes=False)
 
@@ -116,3 +120,32 @@ def test_carried_passes_plan_what_a_full_pass_plans(
         assert snapshot(pair.local) == snapshot(pair.remote)
         assert pair.run(watch=False).plan == [], round_
     assert any(n is not None for n in seen[2:])  # carried passes did run
+
+
+def test_what_is_kept_between_passes_is_taken_over_never_copied(pair: WatchedPair) -> None:
+    """The memory rule of a long watch: the carried sets and dicts, and the helper's
+    delta base, are updated in place by the next pass; no second copy is kept."""
+    for i in range(30):
+        write(pair.local / f"d{i % 3}" / f"f{i}.txt", f"file {i}\n")
+        _old(pair.local / f"d{i % 3}" / f"f{i}.txt")
+    pair.run()
+    pair.run()
+    memo = memo_for(str(pair.local), str(pair.remote), True)
+    assert memo is not None
+    before = memo.get(CARRIED)
+    assert isinstance(before, Carried)
+    endpoint = pair.loop.run_until_complete(session_for(pair.conduit, watch=True))
+    assert isinstance(endpoint, HelperEndpoint)
+    key = (str(pair.remote), _wire_key(RULE.wire()))
+    base = endpoint._bases.get(key)
+    assert base is not None
+    write(pair.remote / "d0" / "f0.txt", "edited on the remote\n")
+    _old(pair.remote / "d0" / "f0.txt")
+    assert pair.run().downloaded == 1
+    after = memo.get(CARRIED)
+    assert isinstance(after, Carried) and after is not before
+    for name in ("hits", "rows", "same", "rest", "quiet", "loud"):
+        assert getattr(after, name) is getattr(before, name), name
+    now = endpoint._bases.get(key)
+    # a new base (a new generation), whose files are the old base's, the delta applied
+    assert now is not None and now is not base and now.files is base.files
