@@ -231,6 +231,7 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
 
     outcomes = await inputs.session.send(inputs.remote_root, items(), len(uploads))
     rows = []
+    modes: dict[int, int] = {}
     for o in outcomes:
         if o.status == Status.OK:
             r = readers[o.path]
@@ -239,8 +240,13 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
             if local.hashes[o.path].startswith(UNREAD) and local.cacheable(entry):
                 # Read for the first time while sent: cache what was read.
                 read_rows[o.path] = (entry.size, entry.mtime_ns, entry.ino, r.digest)
-            rows.append((o.path, Ancestor(r.digest, r.size, mode, o.size, o.mtime_ns,
-                                          inputs.now)))
+            # A row outlives the pass (the state keeps it): equal numbers are the entry's
+            # own objects, not one more int each (~10 MB over a 100k-file push).
+            size, mtime = entry.size, entry.mtime_ns
+            rows.append((o.path, Ancestor(
+                r.digest, size if r.size == size else r.size, modes.setdefault(mode, mode),
+                size if o.size == size else o.size,
+                mtime if o.mtime_ns == mtime else o.mtime_ns, inputs.now)))
             out.uploaded += 1
             out.changes.append(Change(o.path, ChangeAction.UPLOAD, r.size))
         else:
