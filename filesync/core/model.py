@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from filesync.core.lineage import Lineage
 from filesync.tree.paths import all_safe, unsafe_reason
 from filesync.tree.wire import Reason, describe
 
@@ -55,6 +56,9 @@ class Listing:
     #: what the walk found, as a digest: two listings of one root with the same
     #: non-empty digest are equal, field by field and in order ("" when not taken)
     digest: str = ""
+    #: the version of a tree kept current (a watch, a delta base) this listing is, so a
+    #: later pass can ask what changed since (``filesync.core.lineage``); None: unknown
+    lineage: Lineage | None = None
 
     def files(self) -> dict[str, Entry]:
         """The regular files (``entries`` holds nothing else: the walks skip the rest)."""

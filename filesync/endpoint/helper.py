@@ -15,13 +15,14 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.faults import crash_point
+from filesync.core.lineage import Series
 from filesync.core.model import FILE, Entry, Listing, Skipped, filter_unsafe
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
 from filesync.endpoint.silent import kill_remote, named, no_hello, pid_line
@@ -329,13 +330,16 @@ class HelperEndpoint:
         files: dict[str, Entry] = {}
         odd: dict[str, Skipped] = {}
         came: list[str] | None = None  # the names a delta brought in
+        series = Series()  # a full listing: nothing known of what changed
         if "base" in reply:
             removed = reply.get("removed")
             if (base is None or type(reply["base"]) is not int or reply["base"] != base.gen
                     or type(removed) is not list):
                 raise self._garbage("delta listing against a listing never received")
-            files, odd = dict(base.files), dict(base.odd)
+            # The base was taken out (``pop``): updated in place, it becomes the next.
+            files, odd = base.files, base.odd
             came = [] if base.safe else None
+            series = base.series
             for rel in removed:
                 if type(rel) is not str or (
                     files.pop(rel, None) is None and odd.pop(rel, None) is None
@@ -358,10 +362,13 @@ class HelperEndpoint:
         # from the listing handed out; a delta to a base that was all safe only needs
         # the names it brought in checked.
         safe = all_safe(came) if came is not None else all_safe(files.keys())
+        if "base" in reply:
+            series.advance([*reply["removed"], *(row[0] for row in entries)])
+        listing.lineage = series.now()
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:
             # Kept as received: the listing handed out is a copy its user may change.
-            self._bases.put(key, _Base(gen, files, odd, safe))
+            self._bases.put(key, _Base(gen, files, odd, safe, series))
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:
@@ -528,6 +535,8 @@ class _Base:
     odd: dict[str, Skipped]
     #: every name in ``files`` passes the path-safety rule
     safe: bool = False
+    #: what each delta applied to this base changed
+    series: Series = field(default_factory=Series)
 
 
 def _wire_key(wire: dict[str, Any]) -> str:

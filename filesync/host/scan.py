@@ -18,6 +18,7 @@ from typing import cast
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
+from filesync.core.lineage import Series
 from filesync.core.model import Entry, Listing, Skipped, filter_unsafe
 from filesync.tree.bounded import Bounded
 from filesync.tree.paths import all_safe
@@ -139,6 +140,8 @@ class _Watched:
         self.safe = False
         self.lock = threading.Lock()
         self.failed = False
+        #: the paths each refresh changed (``filesync.core.lineage``); new at a full walk
+        self.series = Series()
 
     def listing(self) -> Listing | None:
         """A fresh listing, or None when watching failed (the caller walks instead)."""
@@ -154,6 +157,7 @@ class _Watched:
             if delta is None:
                 self.entries = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
                 self.safe = all_safe(self.entries.keys())
+                self.series = Series()
             else:
                 changed, removed = delta
                 for rel in removed:
@@ -162,7 +166,9 @@ class _Watched:
                     self.entries[r[0]] = Entry(r[0], r[1], r[2], r[3], r[4], r[5])
                 # Only the names that came in can break a tree that was all safe.
                 self.safe = self.safe and all_safe([r[0] for r in changed])
-            listing = Listing(self.tree.root, True, excluded=excluded)
+                self.series.advance([*removed, *(r[0] for r in changed)])
+            listing = Listing(self.tree.root, True, excluded=excluded,
+                              lineage=self.series.now())
             listing.entries = dict(self.entries)
             listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
             if not self.safe:

@@ -18,12 +18,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import xxhash
 
+from filesync.core.lineage import Lineage, Series
 from filesync.errors import FilesyncError, LockBusy
 from filesync.tree.bounded import Bounded
 
@@ -98,9 +99,13 @@ class _Pooled:
     ancestors: dict[str, Ancestor] | None = None
     local: dict[str, tuple[int, int, int, str]] | None = None
     remote: dict[str, tuple[int, int, str]] | None = None
+    #: the paths whose ancestor or stat-cache row this process wrote, while the copies
+    #: are kept (``filesync.core.lineage``); a new series whenever they are dropped
+    series: Series = field(default_factory=Series)
 
     def forget_reads(self) -> None:
         self.ancestors = self.local = self.remote = None
+        self.series = Series()
 
 
 #: Idle databases kept open at most (each holds three descriptors: db, wal, shm).
@@ -329,6 +334,18 @@ class PairState:
                 conn.execute("ROLLBACK")
             raise
 
+    def lineage(self) -> Lineage | None:
+        """The version of the kept ancestor and stat-cache copies, as last read or
+        written; None when they are not kept (nothing is known about their changes)."""
+        mem = self._mem
+        if mem is None or mem.ancestors is None or mem.local is None:
+            return None
+        return mem.series.now()
+
+    def _wrote(self, paths: Iterable[str]) -> None:
+        if self._mem is not None:
+            self._mem.series.advance(paths)
+
     # -- ancestor ---------------------------------------------------------------
 
     def ancestors(self) -> dict[str, Ancestor]:
@@ -354,6 +371,7 @@ class PairState:
         kept = self._mem.ancestors if self._mem is not None else None
         if kept is not None:
             kept.update(rows)
+        self._wrote(p for p, _a in rows)
 
     def forget(self, paths: Iterable[str]) -> None:
         paths = list(paths)
@@ -363,6 +381,7 @@ class PairState:
         if kept is not None:
             for p in paths:
                 kept.pop(p, None)
+        self._wrote(paths)
 
     # -- caches -----------------------------------------------------------------
 
@@ -382,8 +401,10 @@ class PairState:
         with self._write() as conn:
             conn.execute("DELETE FROM local_cache")
             conn.executemany("INSERT INTO local_cache VALUES (?,?,?,?,?)", rows)
-        if self._mem is not None and self._keep:
-            self._mem.local = {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+        if self._mem is not None:
+            self._mem.series = Series()  # every row: nothing to name path by path
+            if self._keep:
+                self._mem.local = {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
     def update_local_cache(
         self, upserts: Mapping[str, tuple[int, int, int, str]], deletes: Iterable[str]
@@ -402,6 +423,7 @@ class PairState:
             for (p,) in gone:
                 kept.pop(p, None)
             kept.update(upserts)
+        self._wrote([*upserts, *(p for (p,) in gone)])
 
     def remote_cache(self) -> dict[str, tuple[int, int, str]]:
         conn, mem = self.conn, self._mem

@@ -40,6 +40,7 @@ from filesync.core.reconcile import Direction
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.wait import wait_change
 from filesync.errors import FilesyncError, LockBusy, SafetyRefusal, TransportError
+from filesync.host import heap
 from filesync.host.watcher import HostWatcher
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes
@@ -250,6 +251,9 @@ class WatchLoop(Generic[R]):
             if lost:
                 self._log(f"connected again after {lost} retr{'y' if lost == 1 else 'ies'}")
             self.passes += 1
+            # The pass's transient copies are freed by now: give their pages back, so
+            # an hours-long watch holds what it keeps, not its largest pass's peak.
+            heap.trim()
             if self.on_report is not None:
                 self.on_report(report)
             return

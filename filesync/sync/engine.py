@@ -237,6 +237,8 @@ async def _pass(
     report.open_conflicts = list(inputs.state.conflicts().values())
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)
+    if scans.carry is not None:
+        scans.carry.keep()
     clean = not (report.skipped or report.errors or report.open_conflicts)
     seal = sealing.seal_for(inputs, scans, planned, clean)
     if seal is not None:

@@ -27,6 +27,7 @@ from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan, WatchedTrees
 from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState, default_state_dir
+from filesync.sync.carry import Carry
 from filesync.sync.memo import PassMemo
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
@@ -98,6 +99,9 @@ class Scans:
     old_cache: Mapping[str, tuple[int, int, int, str]]
     excluded: int
     skipped: tuple[Skipped, ...]
+    #: what the pair's previous watched pass carried, and what this one carries on
+    #: (``sync.carry``); None for a pass whose inputs have no lineages
+    carry: Carry | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from filesync.core.lineage import Lineage
+from filesync.host.scan import CacheRow
 from filesync.tree.bounded import Bounded
 
 #: Pairs remembered per owner (the agent serves a few, a fan-out one per remote).
@@ -44,6 +46,26 @@ class CachedScan:
     hashes: dict[str, str]
     misses: tuple[str, ...]
     cache_rows: dict[str, tuple[int, int, int, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """What a pass found, with the lineages of the inputs it found it in (host listing,
+    remote listing, state). The next pass takes the sets and dicts over (``carry.begin`` takes
+    them out of the memo): they are updated in place, never copied."""
+
+    lineages: tuple[Lineage, Lineage, Lineage]
+    #: the pass's host hashes and cache rows, as its transition left them: right for
+    #: every path but the misses (read afresh by each pass), which the next pass drops
+    hits: dict[str, str]
+    rows: dict[str, CacheRow]
+    misses: frozenset[str]
+    same: set[str]
+    #: remote files not in ``same``
+    rest: set[str]
+    quiet: set[str]
+    #: paths of the ancestors, host hashes or ``same`` that are not quiet
+    loud: set[str]
 
 
 class Kept(Generic[R]):
@@ -74,7 +96,7 @@ class Kept(Generic[R]):
 class PassMemo:
     """The kept results of one pair (see the module docstring), one field each."""
 
-    __slots__ = ("quiet", "same", "scan")
+    __slots__ = ("carried", "quiet", "same", "scan")
 
     def __init__(self) -> None:
         #: ``unchanged_remote``'s answer, of (ancestors, remote listing)
@@ -83,6 +105,8 @@ class PassMemo:
         self.quiet: Kept[frozenset[str]] = Kept()
         #: ``scan_cached``'s answer, of (host listing, stat cache)
         self.scan: Kept[CachedScan] = Kept()
+        #: what a watched pass with lineages carries to the next (``sync.carry``)
+        self.carried: Carried | None = None
 
 
 class PassMemos:

@@ -17,12 +17,13 @@ import contextlib
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import dataclass
-from itertools import filterfalse
+from itertools import chain, filterfalse
 from pathlib import Path
 from typing import Any
 
 from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
+from filesync.core.lineage import Lineage
 from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.quiet import quiet_paths, unchanged_remote
 from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
@@ -38,6 +39,7 @@ from filesync.host.scan import (
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
+from filesync.sync import carry as carrying
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
 from filesync.tree.wire import Reason
@@ -149,10 +151,14 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
                 reading.exception()  # raised below, or superseded by what is unwinding
         finally:
             listed = await walking
-    anc, old_cache = reading.result()
+    anc, old_cache, state_lineage = reading.result()
     if isinstance(listed, tuple):  # shared: judged against the shared walk's start
         listed, started_ns = listed
-    local = _scan_cached(inputs, listed, old_cache, started_ns)
+    carry = carrying.begin(
+        inputs.memo,
+        listed.lineage, remote.lineage, state_lineage)
+    local = (_scan_cached(inputs, listed, old_cache, started_ns) if carry is None
+             else _carried_scan(carry, listed, old_cache, started_ns))
     # (No unsafe name is in ``remote``: the endpoint contract keeps them in ``skipped``,
     # and ``tests/endpoint/test_contract.py`` holds both endpoints to it.)
     rfiles = remote.files()
@@ -160,11 +166,90 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
     (hash_needed if shared is None else shared.hash_needed)(
         local, inputs.local_root, lambda rel: rel in anc or rel in rfiles)
     return Scans(anc, local, remote, old_cache, remote.excluded + local.listing.excluded,
-                 (*local.listing.skipped, *remote.skipped))
+                 (*local.listing.skipped, *remote.skipped), carry)
 
 
-def _read_state(state: PairState) -> tuple[dict[str, Ancestor], dict[str, CacheRow]]:
-    return state.ancestors(), state.local_cache()
+def _read_state(state: PairState) -> tuple[dict[str, Ancestor], dict[str, CacheRow],
+                                           Lineage | None]:
+    ancestors, cache = state.ancestors(), state.local_cache()
+    return ancestors, cache, state.lineage()
+
+
+def _carried_scan(carry: carrying.Carry, listed: Listing,
+                  cache: dict[str, CacheRow], started_ns: int) -> LocalScan:
+    """``scan_cached``, run only on the paths whose inputs changed since the carried
+    pass (all of them when nothing is carried)."""
+    kept = carry.carried
+    if kept is None:
+        scan = scan_cached(listed, cache, started_ns)
+    else:
+        entries = listed.entries
+        changed = {p: entries[p] for p in carry.recompute if p in entries}
+        fresh = scan_cached(Listing(listed.root, True, changed), cache, started_ns) \
+            if changed else LocalScan(listed)
+        scan = LocalScan(listed, kept.hits, kept.rows, [], started_ns)
+        # The last pass's misses were read by it (or left unread): their hashes and rows
+        # are dropped, and they stay misses unless their inputs changed.
+        misses = set(kept.misses)
+        for p in chain(carry.recompute, kept.misses):
+            scan.hashes.pop(p, None)
+            scan.cache_rows.pop(p, None)
+        misses.difference_update(carry.recompute)
+        scan.hashes.update(fresh.hashes)
+        scan.cache_rows.update(fresh.cache_rows)
+        misses.update(fresh.misses)
+        scan.misses = sorted(misses)
+    carry.scanned(scan.hashes, scan.cache_rows, scan.misses)
+    return scan
+
+
+def _carried_same(carry: carrying.Carry, anc: Mapping[str, Ancestor],
+                  rfiles: dict[str, Entry]) -> set[str]:
+    """``unchanged_remote``, run only on the remote files whose inputs changed since
+    the carried pass (all of them when nothing is carried)."""
+    kept = carry.carried
+    if kept is None:
+        same = unchanged_remote(anc, rfiles, RACY_NS)
+        carry.compared(same, set(filterfalse(same.__contains__, rfiles)))
+        return same
+    changed = {p: rfiles[p] for p in carry.recompute if p in rfiles}
+    fresh = unchanged_remote(anc, changed, RACY_NS) if changed else set()
+    same = kept.same
+    same.difference_update(carry.recompute)
+    same |= fresh
+    rest = kept.rest
+    rest.difference_update(carry.recompute)
+    rest.update(p for p in changed if p not in fresh)
+    carry.compared(same, rest)
+    return same
+
+
+def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: LocalScan,
+                   rfiles: dict[str, Entry], same: Set[str]) -> tuple[set[str], set[str]]:
+    """``quiet_paths``, and the paths of the ancestors, host hashes and ``same`` that are
+    not quiet, run only on the paths whose inputs changed since the carried pass."""
+    kept = carry.carried
+    hashes = local.hashes
+    if kept is None:
+        quiet = quiet_paths(anc, hashes, local.listing.entries, rfiles, same)
+        loud: set[str] = set()
+        for side in (anc.keys(), hashes.keys(), same):
+            if len(side) != len(quiet):
+                loud |= side - quiet
+    else:
+        again = carry.recompute
+        changed = {p: rfiles[p] for p in again if p in rfiles}
+        fresh = (quiet_paths(anc, hashes, local.listing.entries, changed, same & again)
+                 if changed else set())
+        quiet = kept.quiet
+        quiet.difference_update(again)
+        quiet |= fresh
+        loud = kept.loud
+        loud.difference_update(again)
+        loud.update(p for p in again
+                    if p not in fresh and (p in anc or p in hashes or p in same))
+    carry.planned(quiet, loud)
+    return quiet, loud
 
 
 async def wait_out(fut: asyncio.Future[Any]) -> None:
@@ -208,14 +293,21 @@ def remote_versions(inputs: PassInputs, scans: Scans) -> RemoteVersions:
     fetch: list[Entry] = []
     skipped: list[Skipped] = []
     # Most files of a large tree are unchanged: the bulk filter takes those out, so
-    # that the loop below sees only the rest. A watched pass whose ancestors and
-    # listing equal the last one's reuses its result.
-    memo = inputs.memo
+    # that the loop below sees only the rest. A watched pass takes over what the last
+    # one found for every path whose inputs did not change (``sync.carry``), or, without
+    # lineages, reuses its result when its ancestors and listing equal the last one's.
+    carry = scans.carry
+    memo = inputs.memo if carry is None else None
     kept = memo.same.get(anc, rfiles) if memo is not None else None
-    same: Set[str] = kept if kept is not None else unchanged_remote(anc, rfiles, RACY_NS)
+    same: Set[str]
+    if carry is not None:
+        same = _carried_same(carry, anc, rfiles)
+    else:
+        same = kept if kept is not None else unchanged_remote(anc, rfiles, RACY_NS)
     # (``same`` holds only listed paths: as many means all of them.)
     rest: Iterable[tuple[str, Entry]] = (
-        rfiles.items() if not same
+        ((rel, rfiles[rel]) for rel in carry.rest) if carry is not None
+        else rfiles.items() if not same
         else () if len(same) == len(rfiles)
         else ((rel, rfiles[rel]) for rel in filterfalse(same.__contains__, rfiles))
     )
@@ -293,10 +385,14 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     anc, local = scans.ancestors, scans.local
     entries, hashes = local.listing.entries, local.hashes
     same, rfiles = versions.same, scans.remote.files()
-    memo = inputs.memo
+    carry = scans.carry
+    memo = inputs.memo if carry is None else None
     kept = memo.quiet.get(same, anc, hashes, entries) if memo is not None else None
     quiet: Set[str]
-    if kept is not None:
+    loud: set[str] | None = None
+    if carry is not None:
+        quiet, loud = _carried_quiet(carry, anc, local, rfiles, same)
+    elif kept is not None:
         quiet = kept
     else:
         quiet = quiet_paths(anc, hashes, entries, rfiles, same)
@@ -306,16 +402,20 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     # under a skipped dir (unreadable, or now a symlink): absent is not deleted.
     unknown = {s.path for s in skipped}
     # Remote files neither unchanged nor with a version: skipped or left alone.
-    unknown |= _left_out(rfiles, same, rv)
+    unknown |= (_left_out(rfiles, same, rv) if carry is None
+                else set(filterfalse(rv.__contains__, carry.rest)))
     unknown |= _under_skipped(skipped, anc.keys(), hashes.keys(), rv.keys())
     # Every path any side knows, but the quiet ones: ``quiet`` is a subset of
     # ``same``, ``anc`` and ``hashes`` (``quiet_paths`` only keeps paths found in all
     # three), so a side holding exactly as many paths holds nothing else; a no-op
     # pass over a large tree then builds no large set here.
     paths: set[str] = set()
-    for side in (anc.keys(), hashes.keys(), same):
-        if len(side) != len(quiet):
-            paths |= side - quiet
+    if loud is not None:
+        paths |= loud
+    else:
+        for side in (anc.keys(), hashes.keys(), same):
+            if len(side) != len(quiet):
+                paths |= side - quiet
     paths |= rv.keys() - quiet
     paths -= unknown
     for p in paths & same:

@@ -22,6 +22,8 @@ _WATCH_MASK = (_IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_
 #: Events after which the set of directories may differ: the tree is walked again.
 _STRUCTURAL = _IN_Q_OVERFLOW | _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ISDIR
 _EVENT = struct.Struct("iIII")
+#: A listed file as ``walk`` lists it: path, kind, size, mtime, mode, inode, links.
+Row = tuple[Any, ...]
 #: Filesystems whose changes all pass through this kernel, so inotify sees every one.
 #: (Network and FUSE filesystems change behind its back: those trees are walked.)
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs", "zfs",
@@ -110,7 +112,9 @@ class WatchedTree:
     def __init__(self, root: str, matcher: Matcher, api: _Inotify) -> None:
         self.root, self.matcher, self.api = root, matcher, api
         self.ifd = -1
-        self.dirs: dict[str, tuple[list[list[Any]], list[list[str]], int, list[str]]] = {}
+        self.dirs: dict[str, tuple[list[Row], list[list[str]], int, list[str]]] = {}
+        #: the permission bits seen, each value one object shared by every row
+        self.modes: dict[int, int] = {}
         self.paths: dict[str, str] = {}  # prefix -> path
         self.wds: dict[int, str] = {}  # watch descriptor -> prefix
         self.walked_at = 0.0
@@ -134,8 +138,8 @@ class WatchedTree:
             os.close(self.ifd)
             self.ifd = -1
 
-    def refresh(self) -> tuple[list[list[Any]], list[list[str]], int,
-                               tuple[list[list[Any]], list[str]] | None]:
+    def refresh(self) -> tuple[list[Row], list[list[str]], int,
+                               tuple[list[Row], list[str]] | None]:
         """``(entries, skipped, excluded, delta)`` as ``walk`` gives them, now.
 
         ``delta`` is ``(changed rows, removed paths)`` against the previous refresh, or
@@ -150,7 +154,7 @@ class WatchedTree:
         # A hard-linked file can change through a link in another directory, which raises
         # no event here: directories holding one are listed again every time.
         dirty |= self.linked
-        changed: list[list[Any]] = []
+        changed: list[Row] = []
         removed: list[str] = []
         inodes: set[int] = set()
         for prefix in dirty:
@@ -177,7 +181,7 @@ class WatchedTree:
         dirty = self._drain()
         self.pending = None if dirty is None or self.pending is None else self.pending | dirty
 
-    def _relist(self, prefix: str, changed: list[list[Any]], removed: list[str],
+    def _relist(self, prefix: str, changed: list[Row], removed: list[str],
                 inodes: set[int]) -> bool:
         """List one directory again and record how its rows changed; False if its set of
         subdirectories changed (a full walk is due). ``inodes`` collects the inodes
@@ -199,7 +203,7 @@ class WatchedTree:
                 inodes.add(row[5])
         return True
 
-    def _gather(self) -> tuple[list[list[Any]], list[list[str]], int]:
+    def _gather(self) -> tuple[list[Row], list[list[str]], int]:
         parts = self.dirs.values()
         return ([row for d in parts for row in d[0]], [s for d in parts for s in d[1]],
                 sum(d[2] for d in parts))
@@ -245,7 +249,7 @@ class WatchedTree:
             stack.extend(self._list(self.paths[prefix], prefix)[3])
 
     def _list(self, path: str, prefix: str) -> tuple[
-            list[list[Any]], list[list[str]], int, list[str]]:
+            list[Row], list[list[str]], int, list[str]]:
         """Watch, then list, one directory, as ``walk`` lists it (an unreadable one is a
         skipped row). The result is kept in ``dirs``; its subdirectories in ``paths``."""
         entries: list[list[Any]] = []
@@ -263,9 +267,14 @@ class WatchedTree:
             self.blind = True
         for sub_path, sub_prefix in subdirs:
             self.paths[sub_prefix] = sub_path
-        listed = (entries, skipped, excluded, [p for _path, p in subdirs])
+        # Kept until the directory changes: as tuples (a third smaller than the lists
+        # the walk builds), their permission bits one object per distinct value.
+        modes = self.modes
+        rows: list[Row] = [(r[0], r[1], r[2], r[3], modes.setdefault(r[4], r[4]), r[5], r[6])
+                           for r in entries]
+        listed = (rows, skipped, excluded, [p for _path, p in subdirs])
         self.dirs[prefix] = listed
-        if any(row[6] > 1 for row in entries):
+        if any(row[6] > 1 for row in rows):
             self.linked.add(prefix)
         else:
             self.linked.discard(prefix)

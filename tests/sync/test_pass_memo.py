@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 from synctree import snapshot, write
+from watchedpair import RULE, watched_pair
+from watchedpair import WatchedPair as Session
 
 import filesync.sync.plan as planning
-from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
-from filesync.sync.engine import Options, Report, run_pass
 from filesync.sync.memo import PassMemo
 from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
-
-RULE = ExcludeRule.build(default_excludes=False)
 
 
 def test_a_result_is_handed_out_only_for_equal_inputs() -> None:
@@ -57,39 +55,10 @@ def test_only_a_watching_owner_keeps_a_memo_and_owners_never_share_one() -> None
     assert WarmState(watch=True).memo("/l", "/r") is not first
 
 
-class Session:
-    """Watched passes of one pair on one local conduit (the helper is a local process)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.local, self.remote = tmp / "local", tmp / "remote"
-        self.state = tmp / "state"
-        self.local.mkdir(exist_ok=True)
-        self.remote.mkdir(exist_ok=True)
-        self.loop = asyncio.new_event_loop()
-        self.conduit = local_conduit()
-        self.warm = WarmState(watch=True)
-
-    def run(self, direction: Direction) -> Report:
-        opts = Options(direction, rule=RULE, state_dir=self.state)
-        return self.loop.run_until_complete(
-            run_pass(self.conduit, self.local, str(self.remote), opts, warm=self.warm))
-
-    def close(self) -> None:
-        async def end() -> None:
-            await self.warm.close()
-            await self.conduit.close()
-
-        self.loop.run_until_complete(end())
-        self.loop.close()
-
-
 @pytest.fixture
 def session(tmp_path: Path) -> Iterator[Session]:
-    s = Session(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
+    with watched_pair(tmp_path) as opened:
+        yield opened
 
 
 @pytest.fixture
