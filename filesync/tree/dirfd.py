@@ -19,6 +19,7 @@ import errno
 import os
 import re
 import stat
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -299,23 +300,30 @@ SYNC_THREADS = 8
 
 def each_at_once(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``fn(item)`` for every item, ``SYNC_THREADS`` at a time; the results in order.
-    An exception of any is raised here once all have ended."""
+    An exception of any is raised here once all have ended. While the interpreter is
+    finalizing (a sync-back from a finalizer) no thread can start: all run in this one."""
     out: list[Any] = [None] * len(items)
     failed: list[BaseException] = []
+    workers = 1 if sys.is_finalizing() else max(1, min(SYNC_THREADS, len(items)))
 
     def work(first: int) -> None:
         try:
-            for i in range(first, len(items), SYNC_THREADS):
+            for i in range(first, len(items), workers):
                 out[i] = fn(items[i])
         except BaseException as exc:  # re-raised in the calling thread, below
             failed.append(exc)
 
-    threads = [threading.Thread(target=work, args=(k,))
-               for k in range(1, min(SYNC_THREADS, len(items)))]
-    for t in threads:
-        t.start()
+    started: list[threading.Thread] = []
+    for k in range(1, workers):
+        t = threading.Thread(target=work, args=(k,))
+        try:
+            t.start()
+        except RuntimeError:  # no new thread now (interpreter shutdown): its share here
+            work(k)
+        else:
+            started.append(t)
     work(0)
-    for t in threads:
+    for t in started:
         t.join()
     if failed:
         raise failed[0]
