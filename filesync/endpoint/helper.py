@@ -12,10 +12,8 @@ hello, is killed with its process group: nothing of it is left running on the re
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import xxhash
@@ -25,6 +23,7 @@ from filesync.core.faults import crash_point
 from filesync.core.lineage import Series
 from filesync.core.model import FILE, Entry, Listing, Skipped, filter_unsafe
 from filesync.endpoint.contract import FetchHeader, FetchSink, Outcome, SendItem, call_sink
+from filesync.endpoint.listings import DeltaBase, EarlyListing, list_request, wire_key
 from filesync.endpoint.silent import kill_remote, named, no_hello, pid_line
 from filesync.endpoint.upload_stream import write_stream
 from filesync.errors import ConnectionLost, RemoteSilent, TransportError
@@ -85,11 +84,11 @@ class HelperEndpoint:
         self.broken = False
         #: the listing request sent ahead (``start(list_first=...)``, ``prefetch_list``)
         #: whose reply is untaken; read (or taken from ``_kept``) under ``_early_read`` only
-        self._early: _Early | None = None
+        self._early: EarlyListing | None = None
         self._kept: tuple[bytes, bytes] | None = None  # read ahead by ``any_exists``
         self._early_read = asyncio.Lock()
         #: the last listing received per (root, rule), the base of the next delta reply
-        self._bases: Bounded[tuple[str, str], _Base] = Bounded(MAX_BASES)
+        self._bases: Bounded[tuple[str, str], DeltaBase] = Bounded(MAX_BASES)
         #: ask the helper to keep listed roots watched (inotify), so that a later listing
         #: lists again only what changed; for sessions that outlive one pass
         self.watch = False
@@ -110,11 +109,11 @@ class HelperEndpoint:
         """
         proc = await conduit.start(named(bootstrap_command()))
         first_request = b""
-        early: _Early | None = None
+        early: EarlyListing | None = None
         if list_first is not None:
             path, rule = list_first
-            early = _Early(path, rule.wire(), resolved=False)
-            req = _list_request(path, early.wire, None)
+            early = EarlyListing(path, rule.wire(), resolved=False)
+            req = list_request(path, early.wire, None)
             if watch:
                 req["watch"] = True
             first_request = frame(b"J", encode_json(req))
@@ -269,11 +268,11 @@ class HelperEndpoint:
             return
         wire = rule.wire()
         await self._request(self._list_request(root, wire))
-        self._early = _Early(root, wire, resolved=True)
+        self._early = EarlyListing(root, wire, resolved=True)
 
     def _list_request(self, root: str, wire: dict[str, Any]) -> dict[str, Any]:
-        base = self._bases.get((root, _wire_key(wire)))
-        req = _list_request(root, wire, base.gen if base is not None else None)
+        base = self._bases.get((root, wire_key(wire)))
+        req = list_request(root, wire, base.gen if base is not None else None)
         if self.watch:
             req["watch"] = True
         return req
@@ -308,7 +307,7 @@ class HelperEndpoint:
             frame = await self._frame()
         kind, payload = frame
         digest = xxhash.xxh3_128_hexdigest(kind + payload)
-        key = (root, _wire_key(wire))
+        key = (root, wire_key(wire))
         if known and digest == known:
             self._bases.pop(key)  # the helper's generation is not kept here: no delta
             return None
@@ -368,7 +367,7 @@ class HelperEndpoint:
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:
             # Kept as received: the listing handed out is a copy its user may change.
-            self._bases.put(key, _Base(gen, files, odd, safe, series))
+            self._bases.put(key, DeltaBase(gen, files, odd, safe, series))
         listing.entries = dict(files)
         listing.skipped.extend(odd.values())
         for row in skipped:
@@ -524,48 +523,6 @@ class HelperEndpoint:
 
 #: Listings kept per session as delta bases (one per root and rule in use).
 MAX_BASES = 4
-
-
-@dataclass(frozen=True, slots=True)
-class _Base:
-    """A listing as received, generation ``gen`` of the helper's: a delta's starting point."""
-
-    gen: int
-    files: dict[str, Entry]
-    odd: dict[str, Skipped]
-    #: every name in ``files`` passes the path-safety rule
-    safe: bool = False
-    #: what each delta applied to this base changed
-    series: Series = field(default_factory=Series)
-
-
-def _wire_key(wire: dict[str, Any]) -> str:
-    return json.dumps(wire, sort_keys=True)
-
-
-@dataclass(frozen=True, slots=True)
-class _Early:
-    """A listing request sent ahead whose reply is still unread: the next ``list_tree``
-    takes the reply if it asks for the same root and rule; any other request first reads
-    and drops it (``HelperEndpoint._settle``)."""
-
-    #: the root as sent: as the user wrote it (``start``) or already resolved
-    path: str
-    wire: dict[str, Any]
-    resolved: bool
-
-    def answers(self, root: str, wire: dict[str, Any], resolve: Callable[[str], str]) -> bool:
-        """True if its reply is the listing of ``root`` (absolute) under ``wire``."""
-        return (self.path if self.resolved else resolve(self.path)) == root \
-            and self.wire == wire
-
-
-def _list_request(root: str, wire: dict[str, Any], since: int | None) -> dict[str, Any]:
-    """A listing request that lets the helper answer with a delta against ``since``."""
-    req: dict[str, Any] = {"op": Op.LIST.value, "root": root, **wire, "delta": True}
-    if since is not None:
-        req["since"] = since
-    return req
 
 
 def _keepalive_request(conduit: Conduit) -> bytes:

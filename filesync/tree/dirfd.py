@@ -292,9 +292,8 @@ def fsync_dir(fd: int) -> None:
 
 #: How many fsyncs of a batch run at once. Concurrent fsyncs share the file system's
 #: journal commits (ext4 groups them), where one after another each waits for a commit of
-#: its own: on a busy ext4 disk a batch's fsyncs took ~0.65x as long with 8 threads as
-#: with one (16 gained nothing more). Each file is still fsynced, and all of them end
-#: before the call returns.
+#: its own (docs/benchmarks.md has the figures). Each file is still fsynced, and all of
+#: them end before the call returns.
 SYNC_THREADS = 8
 
 
@@ -334,8 +333,7 @@ def batch_limit(open_files: int) -> int:
     """How many files a ``Batch`` holds before it commits them, where this process may
     open ``open_files`` descriptors (-1: no limit): 512, or fewer so that a batch (a
     descriptor per file and per directory) takes at most half of them. The more files one
-    commit covers, the fewer rounds of journal commits: on ext4, 512 took 0.85x the
-    wall time of 128 for a 3k-file initial push."""
+    commit covers, the fewer rounds of journal commits (docs/benchmarks.md)."""
     return 512 if open_files < 0 else max(1, min(512, open_files // 4))
 
 

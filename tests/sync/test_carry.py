@@ -22,7 +22,8 @@ from watchedpair import WatchedPair, watched_pair
 import filesync.sync.plan as planning
 from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import KEEP_PATHS, Series
-from filesync.endpoint.helper import HelperEndpoint, _wire_key
+from filesync.endpoint.helper import HelperEndpoint
+from filesync.endpoint.listings import wire_key
 from filesync.sync.memo import Carried
 
 RULE = ExcludeRule.build(default_excludes=False)
@@ -134,7 +135,7 @@ def test_what_is_kept_between_passes_is_taken_over_never_copied(pair: WatchedPai
     assert isinstance(before, Carried)
     endpoint = pair.loop.run_until_complete(pair.warm.endpoints.endpoint_for(pair.conduit))
     assert isinstance(endpoint, HelperEndpoint)
-    key = (str(pair.remote), _wire_key(RULE.wire()))
+    key = (str(pair.remote), wire_key(RULE.wire()))
     base = endpoint._bases.get(key)
     assert base is not None
     write(pair.remote / "d0" / "f0.txt", "edited on the remote\n")
