@@ -85,7 +85,8 @@ def recover(state: PairState, local_root: Path) -> None:
     """Finish an apply that a crash interrupted, then drop stale staging dirs."""
     if state.journal_path.exists():
         journal = Journal.load(state.journal_path)
-        tree = HostTree(local_root, Path(journal.undo_dir) if journal.undo_dir else None)
+        tree = HostTree(local_root, Path(journal.undo_dir) if journal.undo_dir else None,
+                        state.umask)
         try:
             results = run_journal(tree, journal)
         finally:

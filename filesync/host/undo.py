@@ -29,7 +29,7 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
     manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
     scratch = state.staging / "undo"
     scratch.mkdir(parents=True, exist_ok=True)
-    tree = HostTree(local_root, None)
+    tree = HostTree(local_root, None, state.umask)
     restored: list[str] = []
     try:
         # Last op first: a directory the pull replaced by a file (its files deleted,

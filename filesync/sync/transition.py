@@ -319,7 +319,7 @@ def _apply_host(
         inputs.host_scans.changed(inputs.local_root)
     inputs.sink.flush()  # the staged files on disk before the journal names them
     journal.save(state.journal_path)
-    tree = HostTree(inputs.local_root, Path(journal.undo_dir))
+    tree = HostTree(inputs.local_root, Path(journal.undo_dir), inputs.opts.umask)
     try:
         results = run_journal(tree, journal)
     finally:
