@@ -14,12 +14,16 @@ import ast
 import asyncio
 import json
 import os
+import shutil
 import socket
 import stat
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sshd import SshdContainer
 from synctree import snapshot, write
 
 from filesync.agent import server as agent_mod
@@ -245,3 +249,52 @@ def test_each_request_gets_its_own_env_cwd_umask_and_output(
         assert stat.S_IMODE(c.pair_dir().stat().st_mode) == 0o700 & ~c.umask
         assert stat.S_IMODE((c.pair_dir() / "state.db").stat().st_mode) == 0o644 & ~c.umask
         assert stat.S_IMODE((c.pair_dir() / "pair.json").stat().st_mode) == 0o666 & ~c.umask
+
+
+@pytest.mark.sshd
+def test_ssh_requests_use_their_own_config_path_and_runtime_dir(
+        sshd: SshdContainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the system ssh: each request's relative ``-F`` file is found in its own
+    working directory, and its ControlMaster's socket lies under its own
+    ``$XDG_RUNTIME_DIR``; neither the agent's directory nor its environment is used."""
+    sock_path = tmp_path / "run" / "agent.sock"
+    sock_path.parent.mkdir(mode=0o700)
+    # Short: a control socket's path is limited to about 100 bytes.
+    runtimes = {name: Path(tempfile.mkdtemp(prefix=f"fs-{name}-", dir="/tmp"))
+                for name in ("a", "b", "trap")}
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    monkeypatch.chdir(trap)  # no "cfg" here: a -F resolved against it would not exist
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtimes["trap"]))
+    callers = [Caller(tmp_path, name, 0o022, xdg=True) for name in ("a", "b")]
+    remotes = {}
+    for c in callers:
+        shutil.copy(sshd.ssh_config, c.cwd / "cfg")
+        c.env["XDG_RUNTIME_DIR"] = str(runtimes[c.cwd.name])
+        remotes[c.cwd.name] = f"agent-ctx-{uuid.uuid4().hex[:8]}"
+    masters: dict[str, list[str]] = {}
+    try:
+        async def scenario() -> list[list[dict[str, Any]]]:
+            agent = agent_mod.Agent(sock_path, 30)
+            server = asyncio.create_task(agent.serve())
+            while not sock_path.exists():
+                await asyncio.sleep(0.01)
+            replies = await asyncio.gather(*(asyncio.to_thread(_ask, sock_path, c.request(
+                "push", "local", f"{sshd.alias}:{remotes[c.cwd.name]}", "-F", "cfg", "--json",
+                "--ssh-client", "openssh")) for c in callers))
+            for name, base in runtimes.items():  # while the agent keeps them open
+                masters[name] = sorted(p.name for p in (base / "filesync").glob("ssh-*")) \
+                    if (base / "filesync").is_dir() else []
+            await asyncio.to_thread(_ask, sock_path, {"op": "stop"})
+            await asyncio.wait_for(server, DEADLINE)
+            return replies
+
+        pushed = asyncio.run(scenario())
+    finally:
+        for base in runtimes.values():
+            shutil.rmtree(base, ignore_errors=True)
+    assert [_report(r)["uploaded"] for r in pushed] == [1, 1]
+    assert len(masters["a"]) == len(masters["b"]) == 1 and masters["trap"] == []
+    for c in callers:
+        got = snapshot(sshd.home / remotes[c.cwd.name])
+        assert got == {"sub/f.txt": f"from {c.cwd.name}\n".encode()}
