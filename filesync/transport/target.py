@@ -179,6 +179,7 @@ async def open_conduit(target: Target, opts: ConnectOptions,
         accept_new_host_key=opts.accept_new_host_key,
         connect_timeout=opts.connect_timeout,
         verbose=opts.log,
+        env=opts.spawn.env,
     )
 
 

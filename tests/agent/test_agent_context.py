@@ -298,3 +298,41 @@ def test_ssh_requests_use_their_own_config_path_and_runtime_dir(
     for c in callers:
         got = snapshot(sshd.home / remotes[c.cwd.name])
         assert got == {"sub/f.txt": f"from {c.cwd.name}\n".encode()}
+
+
+@pytest.mark.sshd
+def test_asyncssh_requests_read_the_ssh_config_of_their_own_home(
+        sshd: SshdContainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over asyncssh (which reads ``~/.ssh/config`` itself): each request's ``$HOME``
+    decides the config; the agent's own home has none that knows the host."""
+    sock_path = tmp_path / "run" / "agent.sock"
+    sock_path.parent.mkdir(mode=0o700)
+    trap_home = tmp_path / "trap-home"
+    (trap_home / ".ssh").mkdir(parents=True)
+    (trap_home / ".ssh" / "config").write_text("Host *\n    Port 1\n")
+    monkeypatch.setenv("HOME", str(trap_home))
+    callers = [Caller(tmp_path, name, 0o022, xdg=True) for name in ("a", "b")]
+    remotes = {}
+    for c in callers:
+        ssh_dir = Path(c.env["HOME"]) / ".ssh"
+        ssh_dir.mkdir(mode=0o700)
+        shutil.copy(sshd.ssh_config, ssh_dir / "config")
+        remotes[c.cwd.name] = f"agent-ctx-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> list[list[dict[str, Any]]]:
+        agent = agent_mod.Agent(sock_path, 30)
+        server = asyncio.create_task(agent.serve())
+        while not sock_path.exists():
+            await asyncio.sleep(0.01)
+        replies = await asyncio.gather(*(asyncio.to_thread(_ask, sock_path, c.request(
+            "push", "local", f"{sshd.alias}:{remotes[c.cwd.name]}", "--json",
+            "--ssh-client", "asyncssh")) for c in callers))
+        await asyncio.to_thread(_ask, sock_path, {"op": "stop"})
+        await asyncio.wait_for(server, DEADLINE)
+        return replies
+
+    pushed = asyncio.run(scenario())
+    assert [_report(r)["uploaded"] for r in pushed] == [1, 1]
+    for c in callers:
+        got = snapshot(sshd.home / remotes[c.cwd.name])
+        assert got == {"sub/f.txt": f"from {c.cwd.name}\n".encode()}
