@@ -19,8 +19,9 @@ import socket
 import stat
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from sshd import SshdContainer
@@ -30,6 +31,7 @@ from filesync.agent import server as agent_mod
 from filesync.cli.agent_client import fingerprint
 from filesync.host.state import pair_key
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 120.0
 
@@ -168,6 +170,18 @@ def _ask(sock_path: Path, message: dict[str, Any]) -> list[dict[str, Any]]:
             return [json.loads(line) for line in lines]
 
 
+async def _served(sock_path: Path, requests: Callable[[], Awaitable[T]]) -> T:
+    """Run ``requests`` against an agent served in this process on ``sock_path``, then
+    stop it and wait until it has cleaned up."""
+    server = asyncio.create_task(agent_mod.Agent(sock_path, 30).serve())
+    while not sock_path.exists():
+        await asyncio.sleep(0.01)
+    result = await requests()
+    await asyncio.to_thread(_ask, sock_path, {"op": "stop"})
+    await asyncio.wait_for(server, DEADLINE)
+    return result
+
+
 def _report(replies: list[dict[str, Any]]) -> dict[str, Any]:
     assert replies[-1] == {"exit": 0}, replies
     report: dict[str, Any] = json.loads("".join(r.get("out", "") for r in replies))
@@ -200,10 +214,6 @@ def test_each_request_gets_its_own_env_cwd_umask_and_output(
     process_umask = real_umask(0o002)
     try:
         async def scenario() -> list[list[dict[str, Any]]]:
-            agent = agent_mod.Agent(sock_path, 30)
-            server = asyncio.create_task(agent.serve())
-            while not sock_path.exists():
-                await asyncio.sleep(0.01)
             replies = [await asyncio.to_thread(_ask, sock_path, a.request(
                 "push", "local", "remote", "--json"))]
             # b at once with a's second run: served in turn, each in its own context
@@ -218,11 +228,10 @@ def test_each_request_gets_its_own_env_cwd_umask_and_output(
                                                              "--json")),
                 asyncio.to_thread(_ask, sock_path, b.request("pull", "local", "remote",
                                                              "--json")))
-            replies.append(await asyncio.to_thread(_ask, sock_path, {"op": "stop"}))
-            await asyncio.wait_for(server, DEADLINE)
             return replies
 
-        pushed_a, pushed_b, status_a, pulled_a, pulled_b, _stop = asyncio.run(scenario())
+        pushed_a, pushed_b, status_a, pulled_a, pulled_b = asyncio.run(
+            _served(sock_path, scenario))
         after_umask = real_umask(process_umask)
     finally:
         real_umask(process_umask)
@@ -275,21 +284,15 @@ def test_ssh_requests_use_their_own_config_path_and_runtime_dir(
     masters: dict[str, list[str]] = {}
     try:
         async def scenario() -> list[list[dict[str, Any]]]:
-            agent = agent_mod.Agent(sock_path, 30)
-            server = asyncio.create_task(agent.serve())
-            while not sock_path.exists():
-                await asyncio.sleep(0.01)
             replies = await asyncio.gather(*(asyncio.to_thread(_ask, sock_path, c.request(
                 "push", "local", f"{sshd.alias}:{remotes[c.cwd.name]}", "-F", "cfg", "--json",
                 "--ssh-client", "openssh")) for c in callers))
             for name, base in runtimes.items():  # while the agent keeps them open
                 masters[name] = sorted(p.name for p in (base / "filesync").glob("ssh-*")) \
                     if (base / "filesync").is_dir() else []
-            await asyncio.to_thread(_ask, sock_path, {"op": "stop"})
-            await asyncio.wait_for(server, DEADLINE)
             return replies
 
-        pushed = asyncio.run(scenario())
+        pushed = asyncio.run(_served(sock_path, scenario))
     finally:
         for base in runtimes.values():
             shutil.rmtree(base, ignore_errors=True)
@@ -320,18 +323,11 @@ def test_asyncssh_requests_read_the_ssh_config_of_their_own_home(
         remotes[c.cwd.name] = f"agent-ctx-{uuid.uuid4().hex[:8]}"
 
     async def scenario() -> list[list[dict[str, Any]]]:
-        agent = agent_mod.Agent(sock_path, 30)
-        server = asyncio.create_task(agent.serve())
-        while not sock_path.exists():
-            await asyncio.sleep(0.01)
-        replies = await asyncio.gather(*(asyncio.to_thread(_ask, sock_path, c.request(
+        return await asyncio.gather(*(asyncio.to_thread(_ask, sock_path, c.request(
             "push", "local", f"{sshd.alias}:{remotes[c.cwd.name]}", "--json",
             "--ssh-client", "asyncssh")) for c in callers))
-        await asyncio.to_thread(_ask, sock_path, {"op": "stop"})
-        await asyncio.wait_for(server, DEADLINE)
-        return replies
 
-    pushed = asyncio.run(scenario())
+    pushed = asyncio.run(_served(sock_path, scenario))
     assert [_report(r)["uploaded"] for r in pushed] == [1, 1]
     for c in callers:
         got = snapshot(sshd.home / remotes[c.cwd.name])
