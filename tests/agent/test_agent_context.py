@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,8 @@ from synctree import snapshot, write
 from filesync.agent import server as agent_mod
 from filesync.cli.agent_client import fingerprint
 from filesync.host.state import pair_key
+from filesync.transport.base import Spawn
+from filesync.transport.ssh.master import ControlMaster, run_ssh
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -332,3 +335,20 @@ def test_asyncssh_requests_read_the_ssh_config_of_their_own_home(
     for c in callers:
         got = snapshot(sshd.home / remotes[c.cwd.name])
         assert got == {"sub/f.txt": f"from {c.cwd.name}\n".encode()}
+
+
+def test_a_kept_ssh_connection_outlives_the_directory_it_was_made_from(
+        tmp_path: Path) -> None:
+    """A connection the agent keeps serves later requests after the directory of the one
+    that made it is gone: its later ``ssh`` processes (sessions once the remote helper
+    must start again, the stop) take the environment and umask, not the directory."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    spawn = Spawn({"PATH": os.environ["PATH"], "MARK": "kept"}, str(gone), 0o027)
+    master = ControlMaster("ssh", "host", str(tmp_path / "sock"), os.getpid(), owned=False,
+                           spawn=spawn)
+    gone.rmdir()
+    script = "import os; print(os.environ['MARK'], oct(os.umask(0)))"
+    code, out, _err = asyncio.run(run_ssh([sys.executable, "-c", script], DEADLINE,
+                                          master.spawn))
+    assert (code, out.split()) == (0, ["kept", "0o27"])

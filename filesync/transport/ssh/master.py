@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -207,13 +208,15 @@ class ControlMaster:
     ``socket`` is the ControlPath; ``owned`` says filesync started it (and so ends it);
     ``pid`` is the master's process id, for messages and, for a master filesync did not
     start, for telling whether it still runs. ``spawn``: the context every ``ssh`` of
-    this connection runs in.
+    this connection runs in (its working directory only the login's).
     """
 
     def __init__(self, ssh: str, alias: str, socket: str, pid: int, *, owned: bool,
                  proc: subprocess.Popen[bytes] | None = None,
                  workdir: Path | None = None, spawn: Spawn | None = None) -> None:
-        self.spawn = spawn or Spawn()
+        # Later ssh processes (sessions, the stop) may start long after the working
+        # directory of the command that connected is gone: they need none of it.
+        self.spawn = replace(spawn or Spawn(), cwd=None)
         self.ssh = ssh
         self.alias = alias
         self.socket = socket
