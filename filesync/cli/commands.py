@@ -295,7 +295,7 @@ def _shown(text: str) -> str:
 def _print_undo(req: Request, restored: list[str]) -> None:
     line = req.output.print
     if req.output.json:
-        req.output.print(json.dumps({"restored": restored}))
+        line(json.dumps({"restored": restored}))
     elif not req.output.quiet:
         for path in restored:
             line(f"restored: {path}")

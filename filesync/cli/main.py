@@ -449,7 +449,8 @@ def absolute(path: Path | None, env: Mapping[str, str] | None = None,
 
     if path is None:
         return None
-    return Path(cwd or os.getcwd()) / expand_user(str(path), env)
+    expanded = Path(expand_user(str(path), env))
+    return expanded if expanded.is_absolute() else Path(cwd or os.getcwd()) / expanded
 
 
 if __name__ == "__main__":  # pragma: no cover
