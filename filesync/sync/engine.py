@@ -171,7 +171,7 @@ async def _run(
             try:
                 run_id = f"{time.time_ns():020d}-{os.getpid()}"
                 inputs = PassInputs(opts, endpoint, state, local_root, remote_root, run_id,
-                                    time.time_ns(), StagingSink(state.staging / run_id),
+                                    time.time_ns(), StagingSink(state.staging / run_id, opts.umask),
                                     warm.memo(str(local_root), remote_root), warm.trees,
                                     host_scans)
                 try:

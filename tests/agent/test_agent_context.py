@@ -259,6 +259,9 @@ def test_each_request_gets_its_own_env_cwd_umask_and_output(
         assert c.mode("local/new") == c.mode("local/new/deep") == dirs
         assert stat.S_IMODE(c.state.stat().st_mode) == dirs
         assert stat.S_IMODE(c.pair_dir().stat().st_mode) == 0o700 & ~c.umask
+        made = [p for p in c.pair_dir().rglob("*") if p.is_dir()]  # undo/, staging/...
+        assert (c.pair_dir() / "undo") in made
+        assert {p: stat.S_IMODE(p.stat().st_mode) for p in made} == {p: dirs for p in made}
         assert stat.S_IMODE((c.pair_dir() / "state.db").stat().st_mode) == 0o644 & ~c.umask
         assert stat.S_IMODE((c.pair_dir() / "pair.json").stat().st_mode) == 0o666 & ~c.umask
 
