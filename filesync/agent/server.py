@@ -8,6 +8,10 @@ locks, the client's environment, working directory and umask -- but takes its co
 a pool keyed by the remote and the connection settings, so a warm run skips the
 interpreter's imports, the SSH handshake and the remote helper's start-up.
 
+The client's environment, working directory, umask and output reach the command as
+values (``main_in_agent``): the agent never changes its own ``os.environ``, working
+directory (``/``, set once at start), umask or ``sys.stdout``/``sys.stderr`` for a request.
+
 Requests are served one at a time. A client that disconnects mid-run (Ctrl-C) cancels its
 run; cancelling stops between journaled steps, like ``--timeout``. A connection that died
 while idle is noticed on reuse and the job is retried once on a new connection (the
@@ -22,17 +26,14 @@ import contextlib
 import ctypes
 import fcntl
 import gc
-import io
 import json
 import os
 import socket
 import struct
-import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from filesync.cli.agent_client import fingerprint, safe_dir
 from filesync.cli.main import main_in_agent
@@ -42,7 +43,8 @@ from filesync.transport.base import Conduit
 from filesync.transport.target import ConnectOptions, Target, open_conduit
 
 #: Environment variables that decide how a connection is made; part of the pool key.
-_CONNECT_ENV = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK")
+_CONNECT_ENV = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK", "PATH", "XDG_RUNTIME_DIR",
+                "FILESYNC_SSH_CLIENT")
 
 
 class KeptConduits(EndpointConduits):
@@ -56,11 +58,14 @@ class KeptConduits(EndpointConduits):
 
     @staticmethod
     def key(target: Target, opts: ConnectOptions) -> tuple[Any, ...]:
-        env = tuple(os.environ.get(name) for name in _CONNECT_ENV)
-        files = tuple(str(p.expanduser().resolve()) if p else None
-                      for p in (opts.ssh_config, opts.identity))
+        spawn = opts.spawn
+        env: tuple[Any, ...] = tuple(spawn.environ.get(name) for name in _CONNECT_ENV)
+        if target.kind != "ssh":
+            # Its commands run here, with the whole context: a conduit per context.
+            env = (tuple(sorted(spawn.environ.items())), spawn.cwd, spawn.umask)
+        files = tuple(str(p.resolve()) if p else None for p in (opts.ssh_config, opts.identity))
         return (target.kind, target.host, target.user, target.port, target.via, files,
-                opts.accept_new_host_key, env)
+                opts.accept_new_host_key, opts.ssh_client, env)
 
     async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
         key = self.key(target, opts)
@@ -99,28 +104,26 @@ class KeptConduits(EndpointConduits):
                 await conduit.close()
 
 
-class _Relay(io.TextIOBase):
-    """A text stream that forwards what the command prints to the client, line-framed.
+class RelaySink:
+    """A request's output sink: what its command prints goes to its client, line-framed
+    (``{"out": TEXT}``, ``{"err": TEXT}``). Never a terminal: no progress bars through
+    the agent."""
 
-    Only the agent's own thread is relayed: another thread of the process (an embedding
-    program's, say) keeps writing to the stream it had.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter, field: str, other: TextIO) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._field = field
-        self._other = other
-        self._owner = threading.get_ident()
 
-    def write(self, text: str) -> int:
-        if threading.get_ident() != self._owner:
-            return self._other.write(text)
+    def _send(self, field: str, text: str) -> None:
         if text and not self._writer.is_closing():
-            self._writer.write(json.dumps({self._field: text}).encode() + b"\n")
-        return len(text)
+            self._writer.write(json.dumps({field: text}).encode() + b"\n")
 
-    def isatty(self) -> bool:
-        return False  # no progress bars through the agent
+    def out(self, text: str) -> None:
+        self._send("out", text)
+
+    def err(self, text: str) -> None:
+        self._send("err", text)
+
+    def terminal(self) -> bool:
+        return False
 
 
 class Agent:
@@ -195,49 +198,25 @@ class Agent:
 
     async def _run(self, request: dict[str, Any], reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> int:
-        """Run one command line in the client's context; a hang-up cancels it."""
-        with _context(request), _redirected(writer):
-            task = asyncio.ensure_future(main_in_agent(request["argv"], self.conduits))
-            hangup = asyncio.ensure_future(reader.read())  # b"" once the client is gone
-            await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                task.cancel()
-            hangup.cancel()
-            try:
-                return await task
-            except asyncio.CancelledError:
-                return 130
-            except Exception as exc:  # a bug: the client gets one line, the agent lives on
-                print(f"filesync: error: internal error in the agent: {exc!r}", file=sys.stderr)
-                return 1
-
-
-@contextlib.contextmanager
-def _context(request: dict[str, Any]) -> Iterator[None]:
-    """The client's environment, working directory and umask, for the length of a run."""
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    os.environ.update(request.get("env") or {})
-    mask = os.umask(int(request.get("umask", 0o022)))
-    try:
-        os.chdir(request["cwd"])
-        yield
-    finally:
-        os.umask(mask)
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-
-
-@contextlib.contextmanager
-def _redirected(writer: asyncio.StreamWriter) -> Iterator[None]:
-    saved: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
-    sys.stdout = _Relay(writer, "out", saved[0])
-    sys.stderr = _Relay(writer, "err", saved[1])
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
+        """Run one command line in the client's context (given to it as values); a
+        hang-up cancels it."""
+        sink = RelaySink(writer)
+        env: Mapping[str, str] = dict(request.get("env") or {})
+        task = asyncio.ensure_future(main_in_agent(
+            request["argv"], self.conduits, env=env, cwd=str(request["cwd"]),
+            umask=int(request.get("umask", 0o022)), sink=sink))
+        hangup = asyncio.ensure_future(reader.read())  # b"" once the client is gone
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+        hangup.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return 130
+        except Exception as exc:  # a bug: the client gets one line, the agent lives on
+            sink.err(f"filesync: error: internal error in the agent: {exc!r}\n")
+            return 1
 
 
 def _give_back_memory() -> None:
@@ -280,7 +259,10 @@ def main(argv: list[str]) -> int:
         return 0  # another agent serves this socket
     if path.exists() or path.is_symlink():
         path.unlink()  # left by an agent that was killed
+    # Once, as a daemon does: its own files private, whatever the first client's umask
+    # was; each request's files get that request's umask, given to it as a value.
     os.chdir("/")
+    os.umask(0o077)
     asyncio.run(Agent(path, persist).serve())
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +26,14 @@ from filesync.errors import FilesyncError, UsageError
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, Rules, direction_of, join_remote, plan_passes
 from filesync.session.runner import Deadline, EndpointConduits, Job, PassRun, Plan, Runner
-from filesync.session.terms import ChangeAction, Options, Report, plan_row, tty_progress
+from filesync.session.terms import (
+    ChangeAction,
+    Options,
+    Progress,
+    Report,
+    plan_row,
+    tty_progress,
+)
 from filesync.transport.base import Conduit
 from filesync.transport.target import Target, parse_remote, via_error
 
@@ -40,8 +46,14 @@ _PLANNED = ("push", "pull", "sync", "status")
 def _options(req: Request, direction: Direction, local: Path) -> Options:
     """Engine options of a directory pass: the request's settings, log and progress."""
     out = req.output
-    return req.settings.options(direction, local, log=out.log(),
-                                progress=tty_progress(not (out.json or out.quiet)))
+    return req.settings.options(direction, local, log=out.log(), progress=_progress(req),
+                                warn=out.warn, env=req.env, umask=req.umask)
+
+
+def _progress(req: Request) -> Progress | None:
+    """A progress bar when the output is for a person at a terminal."""
+    out = req.output
+    return tty_progress(not (out.json or out.quiet) and out.sink.terminal())
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ def _config_jobs(req: Request) -> list[Pairs]:
     assert req.config is not None
     if req.command not in _PLANNED:
         raise UsageError(f"--config works with push, pull, sync and status, not {req.command}")
-    config = load_config(req.config, via=req.via)
+    config = load_config(req.config, via=req.via, env=req.env)
     mappings = [Mapping(s.mapping.local, s.mapping.remote, s.mapping.mode, exclude=s.exclude)
                 for s in config.mappings]
     labels = [f"{req.config} (mapping {n})" for n in range(1, len(mappings) + 1)]
@@ -121,14 +133,15 @@ def _planned_job(req: Request, target: Target, mappings: list[Mapping], base: st
         # usage error even when no remote answers; the planner builds the real rules.
         ExcludeRule.build(settings.exclude, default_excludes=False,
                           more=[(labels[i] if labels else "--exclude", m.exclude)])
-    progress = tty_progress(not (req.output.json or req.output.quiet))
+    progress = _progress(req)
 
     async def plan(_conduit: Conduit, endpoint: Any) -> list[PassRun]:
         specs = await plan_passes(call, mappings, endpoint, base, rules,
-                                  settings.state_path(), labels=labels)
+                                  settings.state_path(req.env), labels=labels)
         return [PassRun(s.local_root, s.remote_path,
                         settings.pass_options(s.direction, s.rule, s.state_dir, log=log,
-                                              progress=progress, rename=s.rename),
+                                              progress=progress, rename=s.rename,
+                                              warn=req.output.warn, umask=req.umask),
                         s.plan_filter(), s.remote_root)
                 for s in specs]
 
@@ -195,8 +208,7 @@ def _print_results(req: Request, results: list[PairResult], seconds: float) -> i
     errors = [(p, p.result) for p in results if isinstance(p.result, FilesyncError)]
     many = len(results) > 1
     for p, exc in errors:
-        print(f"filesync: error: {p.label + ': ' if many else ''}{exc.message}",
-              file=sys.stderr)
+        req.output.error(f"filesync: error: {p.label + ': ' if many else ''}{exc.message}")
     code = max((exc.exit_code for _, exc in errors), default=0)
     if req.output.json:
         error = None
@@ -205,8 +217,8 @@ def _print_results(req: Request, results: list[PairResult], seconds: float) -> i
             more = f" (and {len(errors) - 1} more failed)" if len(errors) > 1 else ""
             error = f"{p.label + ': ' if many else ''}{first.message}{more}"
         pairs = [p.to_json(req.plan_only) for p in results]
-        print(json.dumps(document(pairs, seconds, req.plan_only, error,
-                                  code if errors else None)))
+        req.output.print(json.dumps(document(pairs, seconds, req.plan_only, error,
+                                             code if errors else None)))
         return code
     for p in results:
         if isinstance(p.result, Report):
@@ -241,13 +253,14 @@ ITEM_MARKS = {
 def _print_report(req: Request, report: Report, prefix: str = "") -> None:
     """The human report of one pass, each line after ``prefix`` (the pair, when there are
     several); ``-v`` adds a line per file (README, docs/json.md)."""
+    line = req.output.print
     if req.plan_only:
         for a in report.plan:
-            print(f"{prefix}{plan_row(a)['action']:<28} {a.path}")
+            line(f"{prefix}{plan_row(a)['action']:<28} {a.path}")
         for c in report.open_conflicts:
-            print(f"{prefix}{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
+            line(f"{prefix}{'open conflict':<28} {c.path}  (remote version: {c.saved_to})")
         if not report.plan and not report.open_conflicts:
-            print(f"{prefix}in sync")
+            line(f"{prefix}in sync")
         return
     if req.output.quiet:
         return
@@ -255,17 +268,17 @@ def _print_report(req: Request, report: Report, prefix: str = "") -> None:
         # Every conflict has its saved copy in ``conflicts``, a push conflict's included.
         for change in report.changes:
             if change.action is not ChangeAction.CONFLICT:
-                print(f"{prefix}{ITEM_MARKS[change.action]} {_shown(change.path)}")
+                line(f"{prefix}{ITEM_MARKS[change.action]} {_shown(change.path)}")
         for conflict in report.conflicts:
-            print(f"{prefix}!conflict {_shown(conflict['path'])} -> "
-                  f"{_shown(conflict['saved_to'])}")
+            line(f"{prefix}!conflict {_shown(conflict['path'])} -> "
+                 f"{_shown(conflict['saved_to'])}")
         for s in report.skipped:
-            print(f"{prefix}skipped: {_shown(s.path)}: {_shown(s.reason)}")
+            line(f"{prefix}skipped: {_shown(s.path)}: {_shown(s.reason)}")
     else:
         for conflict in report.conflicts:
-            print(f"{prefix}conflict: {conflict['path']} (remote version saved to "
-                  f"{conflict['saved_to']})")
-    print(
+            line(f"{prefix}conflict: {conflict['path']} (remote version saved to "
+                 f"{conflict['saved_to']})")
+    line(
         f"{prefix}{req.command}: {report.uploaded} uploaded, {report.downloaded} downloaded, "
         f"{report.deleted_remote} deleted remote, {report.deleted_local} deleted local, "
         f"{len(report.conflicts)} conflicts, {len(report.skipped)} skipped, "
@@ -280,9 +293,10 @@ def _shown(text: str) -> str:
 
 
 def _print_undo(req: Request, restored: list[str]) -> None:
+    line = req.output.print
     if req.output.json:
-        print(json.dumps({"restored": restored}))
+        line(json.dumps({"restored": restored}))
     elif not req.output.quiet:
         for path in restored:
-            print(f"restored: {path}")
-        print(f"undo: {len(restored)} files restored")
+            line(f"restored: {path}")
+        line(f"undo: {len(restored)} files restored")

@@ -21,6 +21,7 @@ contains it: an outer mapping's pass excludes the roots of the mappings nested i
 
 from __future__ import annotations
 
+import collections.abc
 import os
 import posixpath
 import tomllib
@@ -30,6 +31,7 @@ from pathlib import Path
 from filesync.errors import UsageError
 from filesync.mapping import TWO_WAY, Mapping, nested_excludes
 from filesync.transport.target import Target, parse_remote, via_argv
+from filesync.tree.paths import expand_user
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,12 @@ _TOP_KEYS = ("remotes", "remote", "via", "mapping")
 _MAPPING_KEYS = ("local", "remote", "mode", "exclude")
 
 
-def load_config(path: Path, via: str | None = None) -> Config:
+def load_config(path: Path, via: str | None = None,
+                env: collections.abc.Mapping[str, str] | None = None) -> Config:
     """Read and check a config file; raise ``UsageError`` naming the file and the key to fix.
 
-    ``via`` (the command line's ``--via``) overrides the file's ``via``.
+    ``via`` (the command line's ``--via``) overrides the file's ``via``; ``~`` in the
+    file's local paths is the home of ``env`` (None: the process's environment).
     """
     try:
         text = path.read_bytes().decode("utf-8")
@@ -101,7 +105,7 @@ def load_config(path: Path, via: str | None = None) -> Config:
     base = path.parent.absolute()
     via = file_via if via is None else via
     # With via every REMOTE is a path on the far side; without, a local one is ours.
-    config = Config([r if via is not None else _remote(r, base) for r in remotes], via=via)
+    config = Config([r if via is not None else _remote(r, base, env) for r in remotes], via=via)
     tables = raw.get("mapping", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise UsageError(f"{path}: mapping must be [[mapping]] tables, not {tables!r}")
@@ -119,7 +123,7 @@ def load_config(path: Path, via: str | None = None) -> Config:
         if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
             raise UsageError(f"{path}: {where}: exclude must be a list of pattern strings, "
                              f"not {exclude!r}")
-        local = os.path.join(base, os.path.expanduser(entry["local"]))
+        local = os.path.join(base, expand_user(entry["local"], env))
         try:
             mapping = Mapping(local, entry["remote"], entry.get("mode", TWO_WAY))
         except ValueError as exc:
@@ -137,8 +141,8 @@ def _known(path: Path, where: str, table: dict[str, object], keys: tuple[str, ..
                          f"{', '.join(keys)} (see docs/config.md)")
 
 
-def _remote(text: str, base: Path) -> str:
+def _remote(text: str, base: Path, env: collections.abc.Mapping[str, str] | None) -> str:
     """A REMOTE of the file; a relative local path is made relative to the file's dir."""
     if text and parse_remote(text).kind == "local" and not text.startswith("file://"):
-        return os.path.join(base, os.path.expanduser(text))
+        return os.path.join(base, expand_user(text, env))
     return text

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -23,7 +23,7 @@ from filesync.errors import FilesyncError, UsageError
 from filesync.version import __version__
 
 if TYPE_CHECKING:
-    from filesync.cli.settings import Request
+    from filesync.cli.settings import Request, Sink
     from filesync.session.runner import EndpointConduits
     from filesync.transport.ssh.openssh_login import Pending
     from filesync.transport.target import Target
@@ -93,7 +93,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(
-    p: argparse.ArgumentParser, pair: bool = True, fanout: bool = False, config: bool = True
+    p: argparse.ArgumentParser, env: Mapping[str, str], pair: bool = True,
+    fanout: bool = False, config: bool = True
 ) -> None:
     if pair:
         p.add_argument("local", metavar="LOCAL", nargs="?" if config else None,
@@ -139,7 +140,7 @@ def _common(
     p.add_argument("--max-pull-bytes", type=_size, default="2G", metavar="SIZE",
                    help="a pull that would fetch more stops before it starts (default 2G)")
     p.add_argument("--persist", type=_duration, metavar="DURATION",
-                   default=os.environ.get("FILESYNC_PERSIST") or None,
+                   default=env.get("FILESYNC_PERSIST") or None,
                    help="run through a background agent that keeps connections open for"
                    " DURATION after the last run, like ssh's ControlPersist (env"
                    " FILESYNC_PERSIST; 0 or unset: no agent)")
@@ -147,7 +148,9 @@ def _common(
     p.add_argument("-q", "--quiet", action="store_true")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The parser; option defaults from ``env`` (None: the process's environment)."""
+    env = os.environ if env is None else env
     parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
     parser.add_argument("--version", action="version", version=f"filesync {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -158,12 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "print the plan and open conflicts; change nothing"),
         ("undo", "restore the host files the last pull replaced or deleted"),
     ):
-        _common(sub.add_parser(name, help=text, description=text),
+        _common(sub.add_parser(name, help=text, description=text), env,
                 fanout=name == "push", config=name != "undo")
     text = "sync both ways whenever either side changes, until Ctrl-C or SIGTERM"
-    _common(sub.add_parser("watch", help=text, description=text))
+    _common(sub.add_parser("watch", help=text, description=text), env)
     resolve = sub.add_parser("resolve", help="settle one conflict")
-    _common(resolve, config=False)
+    _common(resolve, env, config=False)
     resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
     resolve.add_argument("--keep", choices=("local", "remote"), required=True)
     demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")
@@ -176,9 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse(args_list: Sequence[str]) -> argparse.Namespace:
-    """Parse a command line; raise ``UsageError`` (exit 2) on bad input."""
-    args = build_parser().parse_args(args_list)
+def parse(args_list: Sequence[str], env: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Parse a command line (defaults from ``env``, None: the process's environment);
+    raise ``UsageError`` (exit 2) on bad input."""
+    args = build_parser(env).parse_args(args_list)
     if args.command is None:
         raise UsageError("no command given; run 'filesync --help' for the list")
     return args
@@ -252,31 +256,39 @@ def run() -> NoReturn:
     sys.exit(code)
 
 
-async def main_in_agent(args_list: Sequence[str], conduits: EndpointConduits) -> int:
+async def main_in_agent(args_list: Sequence[str], conduits: EndpointConduits, *,
+                        env: Mapping[str, str], cwd: str, umask: int, sink: Sink) -> int:
     """What ``main`` does for a pass command, run on the agent's loop with its conduits
-    (and their owner of warm state, the agent's)."""
+    (and their owner of warm state, the agent's), in the client's context given as
+    values: its environment ``env``, working directory ``cwd`` (absolute), ``umask``
+    and ``sink`` for what it prints. Nothing of the process (``os.environ``, its working
+    directory or umask, ``sys.stdout``) is read for the command or changed."""
     from filesync.cli.commands import run_command
 
     try:
-        return await run_command(request_from(parse(args_list)), conduits)
+        req = request_from(parse(args_list, env), env=env, cwd=cwd, umask=umask, sink=sink)
+        return await run_command(req, conduits)
     except BaseException as exc:
-        return handle_failure(exc, "--json" in args_list)
+        return handle_failure(exc, "--json" in args_list, sink)
 
 
-def handle_failure(exc: BaseException, json_mode: bool) -> int:
-    """Turn an expected failure into its one line (and JSON) and exit code; re-raise the rest."""
+def handle_failure(exc: BaseException, json_mode: bool, sink: Sink | None = None) -> int:
+    """Turn an expected failure into its one line (and JSON) on ``sink`` (None: the
+    process's stdout and stderr) and exit code; re-raise the rest."""
+    from filesync.cli.settings import STDIO
+
+    sink = sink or STDIO
     if isinstance(exc, FilesyncError):
-        _fail(exc, json_mode)
+        _fail(exc, json_mode, sink)
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
-        print("filesync: error: interrupted; rerun to finish, nothing was half-applied",
-              file=sys.stderr)
+        sink.err("filesync: error: interrupted; rerun to finish, nothing was half-applied\n")
         return 130
     sqlite3 = sys.modules.get("sqlite3")  # not imported for --help or the agent client
     if isinstance(exc, OSError) or (sqlite3 is not None and isinstance(exc, sqlite3.Error)):
         # Last line of defence (a full disk under the state dir, a vanished directory):
         # one line, exit 1. What was applied is journaled; a rerun finishes or redoes it.
-        _fail(FilesyncError(_system_error(exc)), json_mode)
+        _fail(FilesyncError(_system_error(exc)), json_mode, sink)
         return 1
     raise exc
 
@@ -290,12 +302,12 @@ def _system_error(exc: BaseException) -> str:
     return " ".join(text.split()) + "; fix the cause (a full disk?) and rerun"
 
 
-def _fail(exc: FilesyncError, json_mode: bool) -> None:
-    print(f"filesync: error: {exc.message}", file=sys.stderr)
+def _fail(exc: FilesyncError, json_mode: bool, sink: Sink) -> None:
+    sink.err(f"filesync: error: {exc.message}\n")
     if json_mode:
         from filesync.cli.jsonout import failed_document
 
-        print(json.dumps(failed_document(exc.message, exc.exit_code)))
+        sink.out(json.dumps(failed_document(exc.message, exc.exit_code)) + "\n")
 
 
 def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
@@ -322,8 +334,8 @@ def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
     for target in targets:
         if target.kind == "ssh" and target not in logins:
             logins[target] = openssh.begin(
-                target.host, target.user, target.port, ssh_config=_absolute(args.ssh_config),
-                identity=_absolute(args.identity), accept_new_host_key=args.accept_new_host_key,
+                target.host, target.user, target.port, ssh_config=absolute(args.ssh_config),
+                identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key,
                 connect_timeout=timeout)
     return logins
 
@@ -367,12 +379,25 @@ async def _run_command(req: Request, logins: dict[Target, Pending] | None) -> in
         await warm.close()
 
 
-def request_from(args: argparse.Namespace) -> Request:
-    """The one place parsed arguments become typed values; nothing past it sees ``args``."""
-    from filesync.cli.settings import Output, PassSettings, Request, local_root
+def request_from(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None, umask: int | None = None,
+                 sink: Sink | None = None) -> Request:
+    """The one place parsed arguments become typed values; nothing past it sees ``args``.
+
+    The command's context: ``env`` (None: the process's environment), ``cwd`` (None: the
+    process's working directory), ``umask`` (None: the process's) and ``sink`` (None:
+    the process's stdout and stderr). Relative paths of the command line are made
+    absolute here, against ``cwd`` and ``env``'s ``~``.
+    """
+    from filesync.cli.settings import STDIO, Output, PassSettings, Request, local_root
+    from filesync.transport.base import Spawn
     from filesync.transport.target import ConnectOptions, parse_remote, via_argv
 
-    output = Output(json=args.json, quiet=args.quiet, verbose=args.verbose)
+    def _absolute(path: Path | None) -> Path | None:
+        return absolute(path, env, cwd)
+
+    output = Output(json=args.json, quiet=args.quiet, verbose=args.verbose,
+                    sink=sink or STDIO)
     settings = PassSettings(
         state_dir=_absolute(args.state_dir),
         exclude=tuple(args.exclude),
@@ -391,6 +416,7 @@ def request_from(args: argparse.Namespace) -> Request:
         accept_new_host_key=args.accept_new_host_key,
         log=output.log(),
         ssh_client=args.ssh_client,
+        spawn=Spawn(env, cwd, umask),
     )
     remotes = [args.remote] if isinstance(args.remote, str) else list(args.remote or [])
     config, local = _absolute(args.config), None
@@ -403,19 +429,28 @@ def request_from(args: argparse.Namespace) -> Request:
     elif args.local is None or not remotes:
         raise UsageError("give LOCAL REMOTE (or --config FILE)")
     else:
-        local = local_root(args.local,
+        local = local_root(args.local, None if cwd is None else Path(cwd), env=env,
                            files=args.command in ("push", "pull", "sync", "status", "watch"))
-        targets = tuple(parse_remote(text, args.via) for text in remotes)
+        targets = tuple(parse_remote(text, args.via, cwd=cwd, env=env) for text in remotes)
     return Request(
         command=args.command, settings=settings, connect=connect, output=output,
         local=local, targets=targets, config=config, via=args.via,
         path=getattr(args, "path", "").strip("/"), keep=getattr(args, "keep", None) or "",
+        env=os.environ if env is None else env, umask=umask,
     )
 
 
-def _absolute(path: Path | None) -> Path | None:
-    # Absolute once, here: the agent runs in another working directory between runs.
-    return path.expanduser().absolute() if path is not None else None
+def absolute(path: Path | None, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> Path | None:
+    """``path`` with ``~`` expanded (``env``'s home) and made absolute (against ``cwd``;
+    None: the process's own). Once, where arguments become values: the agent runs each
+    command in its client's directory, never its own."""
+    from filesync.tree.paths import expand_user
+
+    if path is None:
+        return None
+    expanded = Path(expand_user(str(path), env))
+    return expanded if expanded.is_absolute() else Path(cwd or os.getcwd()) / expanded
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,10 +14,12 @@ Every value is frozen and checked when it is made: a negative size or timeout is
 from __future__ import annotations
 
 import math
+import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
@@ -31,6 +33,7 @@ from filesync.session.terms import (
     default_state_dir,
 )
 from filesync.transport.target import ConnectOptions, Target
+from filesync.tree.paths import expand_user
 
 DEFAULT_MAX_FILE_SIZE = 1 << 30
 DEFAULT_MAX_PULL_BYTES = 2 << 30
@@ -77,18 +80,25 @@ class PassSettings:
         extra: Sequence[tuple[str, Sequence[str]]] = (),
         log: Callable[[str], None] | None = None,
         progress: Progress | None = None,
+        warn: Callable[[str], None] | None = None,
+        env: Mapping[str, str] | None = None,
+        umask: int | None = None,
     ) -> Options:
         """Engine options for one pass on ``local`` (``extra``: more exclude patterns, each
-        group with the label an error names it by). An invalid pattern raises
+        group with the label an error names it by; ``env``: whose default state dir,
+        None the process's; ``umask``: see ``Options.umask``). An invalid pattern raises
         ``PatternError`` (a one-line usage error naming it and where it came from)."""
         rule = ExcludeRule.build(self.exclude, default_excludes=self.default_excludes,
                                  root=local, more=extra)
-        return self.pass_options(direction, rule, self.state_path(), log=log,
-                                 progress=progress)
+        return self.pass_options(direction, rule, self.state_path(env), log=log,
+                                 progress=progress, warn=warn, umask=umask)
 
-    def state_path(self) -> Path:
-        """The state dir passes use: ``state_dir`` with ``~`` expanded, else the default."""
-        return self.state_dir.expanduser() if self.state_dir else default_state_dir()
+    def state_path(self, env: Mapping[str, str] | None = None) -> Path:
+        """The state dir passes use: ``state_dir`` with ``~`` expanded, else the default
+        of ``env`` (None: the process's environment)."""
+        if self.state_dir:
+            return Path(expand_user(str(self.state_dir), env))
+        return default_state_dir(env)
 
     def pass_options(
         self,
@@ -99,6 +109,8 @@ class PassSettings:
         log: Callable[[str], None] | None = None,
         progress: Progress | None = None,
         rename: Rename | None = None,
+        warn: Callable[[str], None] | None = None,
+        umask: int | None = None,
     ) -> Options:
         """Engine options for one pass whose rule and state dir (and a single file's
         remote name) are already chosen (by the session's planner,
@@ -113,29 +125,76 @@ class PassSettings:
             max_file_size=self.max_file_size,
             max_pull_bytes=self.max_pull_bytes,
             log=log,
-            warn=_warn,
+            warn=warn or STDIO.warn,
             progress=progress,
             rename=rename,
             idle_timeout=self.idle_timeout,
+            umask=umask,
         )
 
 
-def _warn(message: str) -> None:
-    print(f"filesync: warning: {message}", file=sys.stderr, flush=True)
+class Sink(Protocol):
+    """Where a command's text goes: its caller's stdout and stderr. The plain CLI's is
+    the process's (``STDIO``); the agent's sends it to the client that asked."""
+
+    def out(self, text: str) -> None:
+        """Write ``text`` (whole lines, newline included) to stdout."""
+
+    def err(self, text: str) -> None:
+        """Write ``text`` (whole lines, newline included) to stderr, flushed."""
+
+    def terminal(self) -> bool:
+        """True if stderr is a terminal (progress bars are drawn there)."""
+
+
+class StdSink:
+    """The process's own ``sys.stdout`` and ``sys.stderr``, looked up at each write (so a
+    host program or a test that swaps them is followed)."""
+
+    def out(self, text: str) -> None:
+        sys.stdout.write(text)
+
+    def err(self, text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def terminal(self) -> bool:
+        return sys.stderr.isatty()
+
+    def warn(self, message: str) -> None:
+        self.err(f"filesync: warning: {message}\n")
+
+
+#: The plain CLI's sink.
+STDIO = StdSink()
 
 
 @dataclass(frozen=True)
 class Output:
-    """What the CLI prints: ``json`` one object on stdout, ``quiet`` less, ``verbose`` more."""
+    """What the CLI prints: ``json`` one object on stdout, ``quiet`` less, ``verbose`` more;
+    all of it through ``sink``."""
 
     json: bool = False
     quiet: bool = False
     verbose: int = 0
+    sink: Sink = field(default=STDIO, compare=False)
+
+    def print(self, line: str) -> None:
+        """One line on stdout."""
+        self.sink.out(line + "\n")
+
+    def error(self, line: str) -> None:
+        """One line on stderr."""
+        self.sink.err(line + "\n")
+
+    def warn(self, message: str) -> None:
+        """A ``filesync: warning: ...`` line on stderr."""
+        self.error(f"filesync: warning: {message}")
 
     def log(self) -> Callable[[str], None] | None:
         """The ``-v`` log (to stderr), or None."""
         if self.verbose and not self.quiet:
-            return lambda msg: print(f"filesync: {msg}", file=sys.stderr)
+            return lambda msg: self.error(f"filesync: {msg}")
         return None
 
 
@@ -158,6 +217,12 @@ class Request:
     via: str | None = None
     path: str = ""
     keep: str = ""
+    #: The environment the command runs in (state dir, ``~`` of a config file's paths):
+    #: the process's for the plain CLI, the client's in the agent.
+    env: Mapping[str, str] = field(default_factory=lambda: os.environ, compare=False)
+    #: The umask of what the command creates on the host (``Options.umask``): None for
+    #: the plain CLI (the process's), the client's in the agent.
+    umask: int | None = None
 
     @property
     def plan_only(self) -> bool:
@@ -165,12 +230,14 @@ class Request:
         return self.command == "status" or self.settings.dry_run
 
 
-def local_root(text: str, base: Path | None = None, *, files: bool = False) -> Path:
+def local_root(text: str, base: Path | None = None, *, files: bool = False,
+               env: Mapping[str, str] | None = None) -> Path:
     """LOCAL as an absolute directory (``base``: what a relative one is relative to, else
-    the working directory); ``UsageError`` if it names something else than a directory,
-    unless ``files``: then anything else is returned with its parent resolved, for the
-    session's planner to map as a single file or refuse (``BadMapping``)."""
-    root = Path(text).expanduser()
+    the working directory; ``env``: whose ``~``, else the process's); ``UsageError`` if it
+    names something else than a directory, unless ``files``: then anything else is
+    returned with its parent resolved, for the session's planner to map as a single file
+    or refuse (``BadMapping``)."""
+    root = Path(expand_user(text, env))
     if base is not None and not root.is_absolute():
         root = base / root
     if (root.exists() or root.is_symlink()) and not root.is_dir():

@@ -30,6 +30,7 @@ from filesync.tree.dirfd import (
     TEMP_SUFFIX,
     delete_file,
     fsync_dir,
+    make_dirs,
     make_way,
     open_parent,
     unchanged,
@@ -73,9 +74,11 @@ def _refused(op: HostOp, exc: BaseException) -> OpResult:
 class HostTree:
     """The host root, opened once; every access goes through its descriptor."""
 
-    def __init__(self, root: Path, undo_dir: Path | None) -> None:
-        root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: Path, undo_dir: Path | None, umask: int | None = None) -> None:
+        make_dirs(root, umask)
         self.root = root
+        #: the umask the directories it creates get (None: the process's)
+        self.umask = umask
         self.fd = os.open(root, DIR_FLAGS)
         self.undo_dir = undo_dir
         #: directories (as path components) a file was renamed into since the last flush
@@ -104,7 +107,7 @@ class HostTree:
         """Carry out one op; safe to repeat after a crash."""
         try:
             parts = split_rel(op.path)
-            pfd = open_parent(self.fd, parts, op.kind == "write")
+            pfd = open_parent(self.fd, parts, op.kind == "write", self.umask)
         except FileNotFoundError:
             return OpResult(op, Status.OK if op.kind == "delete" else Status.ERROR,
                             "parent vanished")
@@ -198,7 +201,7 @@ class HostTree:
         dest = self.undo_dir / "files" / rel
         if dest.exists():
             return  # kept already by an earlier attempt of the same journal
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(dest.parent, self.umask)
         try:
             os.link(name, dest, src_dir_fd=pfd, follow_symlinks=False)
         except OSError:

@@ -24,6 +24,7 @@ from filesync.core.faults import crash_point
 from filesync.errors import FilesyncError
 from filesync.host.apply import DIR_FLAGS, HostOp, HostTree, OpResult
 from filesync.host.state import Ancestor, PairState
+from filesync.tree.dirfd import make_dirs
 from filesync.tree.wire import Status
 
 
@@ -67,7 +68,7 @@ def run_journal(tree: HostTree, journal: Journal) -> list[OpResult]:
     tree.flush()  # the new names on disk before the ops count as done
     crash_point("ops-done")
     if journal.undo_dir:
-        _write_undo_manifest(Path(journal.undo_dir), results, journal.previous)
+        _write_undo_manifest(Path(journal.undo_dir), results, journal.previous, tree.umask)
         crash_point("manifest-written")
     return results
 
@@ -85,7 +86,8 @@ def recover(state: PairState, local_root: Path) -> None:
     """Finish an apply that a crash interrupted, then drop stale staging dirs."""
     if state.journal_path.exists():
         journal = Journal.load(state.journal_path)
-        tree = HostTree(local_root, Path(journal.undo_dir) if journal.undo_dir else None)
+        tree = HostTree(local_root, Path(journal.undo_dir) if journal.undo_dir else None,
+                        state.umask)
         try:
             results = run_journal(tree, journal)
         finally:
@@ -96,7 +98,8 @@ def recover(state: PairState, local_root: Path) -> None:
 
 
 def _write_undo_manifest(
-    undo_dir: Path, results: Iterable[OpResult], previous: list[list[Any]]
+    undo_dir: Path, results: Iterable[OpResult], previous: list[list[Any]],
+    umask: int | None,
 ) -> None:
     rows = [
         {"path": r.op.path, "kind": r.op.kind, "hash": r.op.hash,
@@ -107,7 +110,7 @@ def _write_undo_manifest(
     ]
     manifest = {"ops": rows, "previous": previous}
     try:
-        undo_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(undo_dir, umask)
     except OSError as exc:
         raise FilesyncError(
             f"cannot create {undo_dir}: {exc.strerror}; free space in the state dir and rerun"

@@ -27,6 +27,8 @@ import xxhash
 from filesync.core.lineage import Lineage, Series
 from filesync.errors import FilesyncError, LockBusy
 from filesync.tree.bounded import Bounded
+from filesync.tree.dirfd import create_file, make_dirs
+from filesync.tree.paths import expand_user
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ancestor(
@@ -170,12 +172,14 @@ def _close_own(pooled: _Pooled) -> None:
             pooled.conn.close()
 
 
-def default_state_dir() -> Path:
-    """``$FILESYNC_STATE_DIR``, else ``$XDG_STATE_HOME/filesync``, else ``~/.local/state``."""
-    env = os.environ.get("FILESYNC_STATE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$FILESYNC_STATE_DIR``, else ``$XDG_STATE_HOME/filesync``, else ``~/.local/state``,
+    read from ``env`` (None: the process's environment)."""
+    values = os.environ if env is None else env
+    explicit = values.get("FILESYNC_STATE_DIR")
+    if explicit:
+        return Path(expand_user(explicit, env))
+    xdg = values.get("XDG_STATE_HOME") or expand_user("~/.local/state", env)
     return Path(xdg) / "filesync"
 
 
@@ -203,6 +207,8 @@ class PairState:
         #: where the database goes back to on close (None: closed, nothing kept)
         self._pool = pool
         self._keep = pool is not None
+        #: the umask of what this pass creates on the host (see ``open``)
+        self.umask: int | None = None
 
     @classmethod
     def open(
@@ -215,25 +221,34 @@ class PairState:
         lock_timeout: float = 0.0,
         pool: StatePool | None = None,
         lock_option: str = "pass --lock-timeout SECONDS",
+        umask: int | None = None,
     ) -> PairState:
         """Open (creating) the pair's state and take its lock, or raise ``LockBusy``.
 
         ``pool``: where the database goes back to on close, its tables read (and written)
         kept in memory for the pool owner's next pass of the pair (see ``_Pooled``); None
         (a one-shot run, which would pay ~30 MB for a 100k-file pair's copies it never
-        uses) closes it and keeps nothing.
+        uses) closes it and keeps nothing. ``umask``: what the directories and files it
+        creates (and the host tree's, ``umask`` of the pass) are made with, exactly; None:
+        the process's umask.
         """
         directory = state_dir / "pairs" / pair_key(local_root, remote_identity, remote_root)
         try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_dirs(directory, umask, 0o700)
         except OSError as exc:
             raise FilesyncError(
                 f"cannot create state dir {directory}: {exc.strerror}; "
                 "pass --state-dir or set FILESYNC_STATE_DIR to a writable dir"
             ) from exc
         state = cls(directory, pool)
+        state.umask = umask
         try:
             state._lock(lock_timeout, lock_option)
+            if umask is not None:
+                # sqlite makes a database 0o644 less the process's umask (its WAL files
+                # take the database's mode), write_text 0o666 less it: made here instead.
+                create_file(directory / "state.db", 0o644, umask)
+                create_file(directory / "pair.json", 0o666, umask)
             state._connect()
             info = {"local": local_root, "remote": remote_identity, "remote_root": remote_root}
             (directory / "pair.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
@@ -475,7 +490,8 @@ class PairState:
 
 async def open_pair(state_dir: Path, local_root: str, remote_identity: str, remote_root: str,
                     *, lock_timeout: float, lock_option: str, pool: StatePool | None = None,
-                    log: Callable[[str], None] | None = None) -> PairState:
+                    log: Callable[[str], None] | None = None,
+                    umask: int | None = None) -> PairState:
     """``PairState.open`` for code on an event loop: the wait of up to ``lock_timeout``
     seconds for another run of the pair (another session, thread or process) sleeps on
     the loop instead of blocking it; ``log`` is told once when the wait begins."""
@@ -484,7 +500,7 @@ async def open_pair(state_dir: Path, local_root: str, remote_identity: str, remo
     while True:
         try:
             return PairState.open(state_dir, local_root, remote_identity, remote_root,
-                                  pool=pool, lock_option=lock_option)
+                                  pool=pool, lock_option=lock_option, umask=umask)
         except LockBusy:
             if time.monotonic() >= deadline:
                 raise

@@ -19,6 +19,7 @@ from filesync.host.apply import HostOp, HostTree
 from filesync.host.journal import recover
 from filesync.host.scan import hash_file
 from filesync.host.state import Ancestor, PairState
+from filesync.tree.dirfd import make_dirs
 from filesync.tree.wire import Status
 
 
@@ -28,8 +29,8 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
     run = _latest(state)
     manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
     scratch = state.staging / "undo"
-    scratch.mkdir(parents=True, exist_ok=True)
-    tree = HostTree(local_root, None)
+    make_dirs(scratch, state.umask)
+    tree = HostTree(local_root, None, state.umask)
     restored: list[str] = []
     try:
         # Last op first: a directory the pull replaced by a file (its files deleted,

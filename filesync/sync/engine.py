@@ -166,12 +166,12 @@ async def _run(
             state = await open_pair(
                 opts.state_dir, str(local_root), conduit.identity, remote_root,
                 lock_timeout=opts.lock_timeout, lock_option=opts.lock_option,
-                pool=warm.states, log=opts.log,
+                pool=warm.states, log=opts.log, umask=opts.umask,
             )
             try:
                 run_id = f"{time.time_ns():020d}-{os.getpid()}"
                 inputs = PassInputs(opts, endpoint, state, local_root, remote_root, run_id,
-                                    time.time_ns(), StagingSink(state.staging / run_id),
+                                    time.time_ns(), StagingSink(state.staging / run_id, opts.umask),
                                     warm.memo(str(local_root), remote_root), warm.trees,
                                     host_scans)
                 try:

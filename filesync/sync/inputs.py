@@ -64,6 +64,10 @@ class Options:
     #: A single-file pass whose file has another name on the remote (the session's
     #: planner sets it): the pass sees the remote through ``RenamedEndpoint``.
     rename: Rename | None = None
+    #: The umask of what the pass creates on the host (directories of the tree, the
+    #: state's files): None is the process's, as for any program; a number is applied
+    #: exactly, whatever the process's (the agent passes each client's).
+    umask: int | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,13 @@ from pathlib import Path
 
 from filesync.endpoint.contract import FetchHeader, FetchSink
 from filesync.host.scan import new_hasher
-from filesync.tree.dirfd import ROOT_FLAGS, each_at_once, fsync_dir, start_writeback
+from filesync.tree.dirfd import (
+    ROOT_FLAGS,
+    each_at_once,
+    fsync_dir,
+    make_dirs,
+    start_writeback,
+)
 
 
 @dataclass(slots=True)
@@ -35,8 +41,9 @@ class Staged:
 class StagingSink(FetchSink):
     """Writes fetched files into the staging dir, hashing while writing."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, umask: int | None = None) -> None:
         self.dir = directory
+        self._umask = umask  # of the directories it creates (None: the process's)
         self.staged: dict[str, Staged] = {}
         self.failed_paths: dict[str, str] = {}
         self._n = 0
@@ -50,7 +57,7 @@ class StagingSink(FetchSink):
     def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
         if self._n == 0:
             # Created lazily: recovery empties the staging area at the start of a run.
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.dir, self._umask)
         self._n += 1
         self._file = self.dir / f"{self._n}"
         self._fd = os.open(self._file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

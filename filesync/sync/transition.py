@@ -29,6 +29,7 @@ from filesync.host.scan import RACY_NS, UNREAD, CacheRow, HashingReader, LocalSc
 from filesync.host.state import Ancestor, ConflictRecord
 from filesync.sync.changes import Change, ChangeAction, CountsChanges
 from filesync.sync.inputs import PassInputs, Planned, Scans
+from filesync.tree.dirfd import make_dirs
 from filesync.tree.wire import SAFETY, Reason, Status
 
 
@@ -167,7 +168,7 @@ def save_copy(inputs: PassInputs, rel: str) -> Path:
     the file's own permission bits (a 0600 file is not made readable by others)."""
     staged = inputs.sink.staged[rel]
     dest = inputs.state.conflicts_dir / inputs.run_id / rel
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(dest.parent, inputs.opts.umask)
     shutil.copyfile(staged.path, dest)  # the staged file is 0600: so is the copy, at first
     os.chmod(dest, staged.mode & 0o777)
     return dest.resolve()
@@ -325,7 +326,7 @@ def _apply_host(
         inputs.host_scans.changed(inputs.local_root)
     inputs.sink.flush()  # the staged files on disk before the journal names them
     journal.save(state.journal_path)
-    tree = HostTree(inputs.local_root, Path(journal.undo_dir))
+    tree = HostTree(inputs.local_root, Path(journal.undo_dir), inputs.opts.umask)
     try:
         results = run_journal(tree, journal)
     finally:

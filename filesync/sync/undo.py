@@ -26,7 +26,8 @@ async def undo_last(
         endpoint = await owner.endpoints.endpoint_for(conduit, opts.log)
         root = endpoint.resolve_root(remote_path)
         state = PairState.open(opts.state_dir, str(local_root), conduit.identity, root,
-                               lock_timeout=opts.lock_timeout, pool=owner.states)
+                               lock_timeout=opts.lock_timeout, pool=owner.states,
+                               umask=opts.umask)
         try:
             return undo_in(state, local_root)
         finally:

@@ -13,7 +13,7 @@ import shlex
 import signal
 
 from filesync.errors import ConnectionLost
-from filesync.transport.base import Conduit, RemoteProcess
+from filesync.transport.base import Conduit, RemoteProcess, Spawn
 
 
 class SubprocessProcess(RemoteProcess):
@@ -93,8 +93,9 @@ def command_argv(prefix: list[str], command: str) -> list[str]:
 class CommandConduit(Conduit):
     """Runs each command through ``PREFIX`` (see ``command_argv``), or locally in ``sh``."""
 
-    def __init__(self, prefix: list[str], identity: str) -> None:
+    def __init__(self, prefix: list[str], identity: str, spawn: Spawn | None = None) -> None:
         self._prefix = prefix
+        self._spawn = spawn or Spawn()
         self.identity = identity
         self._counters = [0, 0]
         self._procs: list[SubprocessProcess] = []
@@ -109,6 +110,7 @@ class CommandConduit(Conduit):
                 stderr=asyncio.subprocess.PIPE,
                 limit=1 << 20,
                 start_new_session=True,
+                **self._spawn.kwargs(),
             )
         except OSError as exc:
             raise ConnectionLost(
@@ -134,6 +136,6 @@ class CommandConduit(Conduit):
         return self._counters[1]
 
 
-def local_conduit() -> CommandConduit:
-    """A conduit that runs commands on this machine."""
-    return CommandConduit([], "local")
+def local_conduit(spawn: Spawn | None = None) -> CommandConduit:
+    """A conduit that runs commands on this machine (in ``spawn``'s context)."""
+    return CommandConduit([], "local", spawn)

@@ -14,15 +14,16 @@ import copy
 import os
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from filesync.errors import FilesyncError, TransportError, UsageError
-from filesync.transport.base import Conduit
+from filesync.transport.base import Conduit, Spawn
 from filesync.transport.ssh.options import check_ssh_options
+from filesync.tree.paths import expand_user
 
 if TYPE_CHECKING:
     from filesync.transport.ssh.openssh_login import Pending
@@ -50,24 +51,30 @@ class Target:
         return self.path
 
 
-def parse_remote(text: str, via: str | None = None) -> Target:
-    """Parse a REMOTE argument; raise ``UsageError`` naming the accepted forms."""
+def parse_remote(text: str, via: str | None = None, *, cwd: str | None = None,
+                 env: Mapping[str, str] | None = None) -> Target:
+    """Parse a REMOTE argument; raise ``UsageError`` naming the accepted forms. A local
+    path is made absolute against ``cwd`` and ``env``'s ``~`` (None: the process's)."""
     if not text:
         raise UsageError("REMOTE is empty; give [user@]host:path, ssh://host/path or a path")
     if via is not None:
         via_argv(via)  # a command line that cannot run is bad input, found before any pass
         return Target("via", text, via=via)
     if text.startswith("file://"):
-        return Target("local", os.path.abspath(unquote(urlsplit(text).path)))
+        return Target("local", _absolute(unquote(urlsplit(text).path), cwd))
     if text.startswith("ssh://"):
         return _parse_url(text)
     match = _SCP.match(text)
     if match and "/" not in text.split(":", 1)[0]:
         host = match.group("host").strip("[]")
         return Target("ssh", match.group("path") or ".", host, match.group("user"))
-    path = os.path.abspath(os.path.expanduser(text))
+    path = _absolute(expand_user(text, env), cwd)
     # A trailing '/' is kept: it says a single file goes inside that directory (as cp).
     return Target("local", path + "/" if text.endswith("/") and path != "/" else path)
+
+
+def _absolute(path: str, cwd: str | None) -> str:
+    return os.path.normpath(os.path.join(cwd, path)) if cwd else os.path.abspath(path)
 
 
 def _parse_url(text: str) -> Target:
@@ -113,7 +120,12 @@ class ConnectOptions:
     """How a conduit is opened; equal options reach a remote the same way (a pool key).
 
     Paths are used as given: the caller makes them absolute if the working directory may
-    change before the connection is made (the CLI does). ``log`` is not part of equality.
+    change before the connection is made (the CLI does). ``spawn`` is the context the
+    connection is made in: its environment (``HOME``, ``SSH_AUTH_SOCK``,
+    ``XDG_RUNTIME_DIR``, ``PATH``, ``$FILESYNC_SSH_CLIENT``) is read and given whole to
+    the ``ssh``, ``sh`` or ``--via`` command spawned, which also get its working
+    directory and umask. ``log`` and ``spawn`` are not part of equality: a pool that
+    serves several contexts keys by what matters in them (the agent does).
     """
 
     ssh_config: Path | None = None
@@ -124,6 +136,7 @@ class ConnectOptions:
     ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
     #: more ``ssh`` options (the system ssh only), such as ("-o", "ControlPath=PATH")
     ssh_options: tuple[str, ...] = ()
+    spawn: Spawn = field(default=Spawn(), compare=False)
 
     def __post_init__(self) -> None:
         if not self.connect_timeout > 0:
@@ -137,12 +150,12 @@ async def open_conduit(target: Target, opts: ConnectOptions,
     from filesync.transport.local import CommandConduit, local_conduit
 
     if target.kind == "local":
-        return local_conduit()
+        return local_conduit(opts.spawn)
     if target.kind == "via":
-        return CommandConduit(via_argv(target.via), f"via:{target.via}")
+        return CommandConduit(via_argv(target.via), f"via:{target.via}", opts.spawn)
     from filesync.transport.ssh import openssh
 
-    if openssh.choose_client(opts.ssh_client) == "openssh":
+    if openssh.choose_client(opts.ssh_client, opts.spawn.environ) == "openssh":
         return await openssh.connect(
             target.host, target.user, target.port,
             ssh_config=opts.ssh_config,
@@ -152,6 +165,7 @@ async def open_conduit(target: Target, opts: ConnectOptions,
             ssh_options=opts.ssh_options,
             verbose=opts.log,
             login=login,
+            spawn=opts.spawn,
         )
     if opts.ssh_options:
         raise UsageError("ssh_options need the system ssh (OpenSSH), not asyncssh; "
@@ -165,6 +179,7 @@ async def open_conduit(target: Target, opts: ConnectOptions,
         accept_new_host_key=opts.accept_new_host_key,
         connect_timeout=opts.connect_timeout,
         verbose=opts.log,
+        env=opts.spawn.env,
     )
 
 

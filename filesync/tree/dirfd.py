@@ -5,6 +5,10 @@ descriptor; a replaced file is written to a temp name in its directory, fsynced 
 renamed, and only if the target still has the size and mtime the client saw, checked
 right before the rename. Existing directories are never chmodded.
 
+A directory created here gets ``0o777`` less the umask: the process's, or the ``umask``
+the caller gives (then exactly, whatever the process's is: the agent runs each client's
+command with the client's umask, never changing its own).
+
 Durability is paid per batch, not per file (``Batch``): the files of a batch are written
 (each one's writeback started as soon as it is whole), then each is fsynced (several at
 once, ``SYNC_THREADS``), then each is renamed, then each directory that received one is
@@ -55,18 +59,58 @@ def stale_temp(name: str) -> bool:
 
 
 
-def open_parent(root_fd: int, parts: list[str], create: bool) -> int:
-    """Open the directory holding ``parts[-1]`` without following any symlink."""
+def open_parent(root_fd: int, parts: list[str], create: bool,
+                umask: int | None = None) -> int:
+    """Open the directory holding ``parts[-1]`` without following any symlink (creating
+    the missing ones if ``create``, see ``open_dir``)."""
     fd = os.dup(root_fd)
     try:
         for part in parts[:-1]:
-            nfd = open_dir(fd, part, create)
+            nfd = open_dir(fd, part, create, umask)
             os.close(fd)
             fd = nfd
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def make_dirs(path: str | os.PathLike[str], umask: int | None = None,
+              mode: int = 0o777) -> None:
+    """``os.makedirs(path, mode, exist_ok=True)``: the directories it creates get ``mode``
+    (the last) or ``0o777`` (its parents) less ``umask``, exactly; None: less the
+    process's umask, as ``os.makedirs`` does."""
+    if umask is None:
+        os.makedirs(path, mode, exist_ok=True)
+        return
+    missing: list[str] = []
+    here = os.path.abspath(path)
+    while not os.path.isdir(here) and os.path.dirname(here) != here:
+        missing.append(here)
+        here = os.path.dirname(here)
+    for i, made in enumerate(reversed(missing)):
+        want = (mode if i == len(missing) - 1 else 0o777) & ~umask
+        try:
+            os.mkdir(made, 0o700)  # private until it has its mode
+        except FileExistsError:
+            continue
+        os.chmod(made, want)
+    os.makedirs(path, exist_ok=True)  # a file in the way is FileExistsError, as makedirs
+
+
+def create_file(path: str | os.PathLike[str], mode: int, umask: int | None = None) -> None:
+    """Create ``path`` (empty) if it is missing, with ``mode`` less ``umask`` exactly
+    (None: less the process's umask); an existing file keeps its mode."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0), 0o600 if umask is not None else mode)
+    except FileExistsError:
+        return
+    try:
+        if umask is not None:
+            os.fchmod(fd, mode & ~umask)
+    finally:
+        os.close(fd)
 
 
 def stat_at(dir_fd: int, name: str) -> os.stat_result | None:
@@ -157,16 +201,22 @@ class Dirs:
         self._close_from(0)
 
 
-def open_dir(fd: int, part: str, create: bool) -> int:
-    """Open the directory ``part`` in ``fd`` without following a symlink."""
+def open_dir(fd: int, part: str, create: bool, umask: int | None = None) -> int:
+    """Open the directory ``part`` in ``fd`` without following a symlink; if ``create``,
+    a missing one is made, ``0o777`` less ``umask`` (None: the process's umask)."""
     try:
         return os.open(part, DIR_FLAGS, dir_fd=fd)
     except FileNotFoundError:
         if not create:
             raise
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(part, 0o777, dir_fd=fd)
-        return os.open(part, DIR_FLAGS, dir_fd=fd)
+        except FileExistsError:
+            return os.open(part, DIR_FLAGS, dir_fd=fd)
+        made = os.open(part, DIR_FLAGS, dir_fd=fd)
+        if umask is not None:
+            os.fchmod(made, 0o777 & ~umask)
+        return made
     except NotADirectoryError:
         # Linux says ENOTDIR for O_DIRECTORY|O_NOFOLLOW on a symlink: name it.
         st = stat_at(fd, part)

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import os
 import posixpath
+import pwd
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 
 def home_dir() -> str:
     """The home directory ``~`` stands for (``$HOME``, else the password database)."""
     return os.path.expanduser("~")
+
+
+def expand_user(path: str, env: Mapping[str, str] | None = None) -> str:
+    """``path`` with a leading ``~`` or ``~/`` made the home of ``env`` (its ``HOME``, else
+    the password database's), as ``os.path.expanduser`` does with the process's own
+    environment, which is what ``env`` None means. ``~user`` is expanded as usual."""
+    if env is None or not (path == "~" or path.startswith("~/")):
+        return os.path.expanduser(path)
+    home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    return home.rstrip("/") + path[1:] if home != "/" else "/" + path[2:]
 
 
 def resolve_root(path: str, cwd: str, home: str) -> str:

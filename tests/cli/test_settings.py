@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from filesync.agent.server import KeptConduits
+from filesync.cli.config import load_config
 from filesync.cli.main import parse, request_from
 from filesync.cli.settings import Output, PassSettings, Request
 from filesync.core.reconcile import Direction
@@ -108,3 +109,31 @@ def test_a_request_is_the_whole_command() -> None:
 def test_connect_options_need_a_positive_connect_timeout() -> None:
     with pytest.raises(ValueError, match="connect_timeout"):
         ConnectOptions(connect_timeout=0)
+
+
+def test_a_request_context_resolves_every_path_of_the_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a working directory and an environment (the agent's client's), relative paths
+    are made absolute against that directory and ``~`` is that environment's ``HOME``,
+    for every path of the command line and of a config file; the process's own are not
+    used (here they point elsewhere)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "process-home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "process-state"))
+    cwd, home = tmp_path / "client", tmp_path / "client-home"
+    (cwd / "local").mkdir(parents=True)
+    env = {"HOME": str(home)}
+    req = request_from(parse(["push", "local", "remote", "-F", "cfg", "-i", "~/key",
+                              "--state-dir", "~/st"], env), env=env, cwd=str(cwd))
+    assert req.local == cwd / "local" and req.targets == (Target("local", str(cwd / "remote")),)
+    assert req.settings.state_dir == home / "st"
+    assert (req.connect.ssh_config, req.connect.identity) == (cwd / "cfg", home / "key")
+    plain = request_from(parse(["push", "local", "remote"], env), env=env, cwd=str(cwd))
+    assert plain.settings.state_path(plain.env) == home / ".local" / "state" / "filesync"
+    (cwd / "sync.toml").write_text('remotes = ["there"]\n[[mapping]]\nlocal = "~/docs"\n'
+                                   'remote = "docs"\n')
+    req = request_from(parse(["sync", "--config", "sync.toml"], env), env=env, cwd=str(cwd))
+    assert req.config == cwd / "sync.toml"
+    config = load_config(req.config, env=req.env)
+    assert config.remotes == [str(cwd / "there")]
+    assert config.mappings[0].mapping.local == str(home / "docs")

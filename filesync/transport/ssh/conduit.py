@@ -31,7 +31,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,6 +278,8 @@ class _Connector:
     connect_timeout: float
     keepalive_interval: float
     verbose: Callable[[str], None]
+    #: the environment the connection is made in (None: the process's): its agent
+    env: Mapping[str, str] | None = None
     hops: list[asyncssh.SSHClientConnection] = field(default_factory=list)
 
     async def open(
@@ -339,6 +341,8 @@ class _Connector:
                 window=_WINDOW,
                 max_pktsize=_MAX_PKTSIZE,
                 request_pty=False,
+                # asyncssh reads the process's SSH_AUTH_SOCK; another environment's is given
+                **({} if self.env is None else {"agent_path": self.env.get("SSH_AUTH_SOCK")}),
             )
         except (OSError, ValueError, asyncssh.Error) as exc:
             raise self._explain(exc, res, host_keys, what) from exc
@@ -356,7 +360,7 @@ class _Connector:
             return refused
         if isinstance(exc, asyncssh.PermissionDenied):
             tried = [str(k) for k in res.key_files]
-            if os.environ.get("SSH_AUTH_SOCK"):
+            if (os.environ if self.env is None else self.env).get("SSH_AUTH_SOCK"):
                 tried.append("ssh-agent" + (" (IdentitiesOnly)" if res.identities_only else ""))
             return TransportError(
                 f"authentication as {res.user} on {name} failed (tried: "
@@ -418,6 +422,7 @@ async def connect(
     connect_timeout: float = 15.0,
     keepalive_interval: float = 15.0,
     verbose: Callable[[str], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> SshConduit:
     """Open an authenticated SSH connection to ``target`` and return its conduit.
 
@@ -431,16 +436,18 @@ async def connect(
     ``known_hosts`` and ``accept_new_host_key`` also apply to ProxyJump hops, so the
     advice in a refusal is always actionable. ``connect_timeout`` bounds TCP connect,
     key exchange and login of each hop; a silent server is given up on after three
-    missed keepalives.
+    missed keepalives. ``env``: the environment it is made in (the home of the default
+    files, the ssh agent's socket); None: the process's.
 
     Raises ``TransportError`` with a one-line message naming the cause and the fix.
     """
     connector = _Connector(
-        config=SshConfig.load(ssh_config, identity, known_hosts),
+        config=SshConfig.load(ssh_config, identity, known_hosts, env),
         accept_new=accept_new_host_key,
         connect_timeout=connect_timeout,
         keepalive_interval=keepalive_interval,
         verbose=verbose or (lambda _msg: None),
+        env=env,
     )
     try:
         conn, res, client = await connector.open(

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import getpass
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from filesync.errors import TransportError
 from filesync.transport.ssh._asyncssh import asyncssh
 from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
+from filesync.tree.paths import expand_user
 
 __all__ = ["DEFAULT_PORT", "HopSettings", "SshConfig", "SshTarget", "parse_jump"]
 
@@ -54,8 +56,12 @@ class SshTarget:
     port: int | None = None
 
 
-def _expand(path: str) -> Path:
-    return Path(path.replace("%d", str(Path.home())).replace("%u", getpass.getuser())).expanduser()
+def _expand(path: str, env: Mapping[str, str] | None) -> Path:
+    """A path of the config, with ``%d``, ``%u`` and ``~`` of ``env`` (None: the process's)."""
+    values = os.environ if env is None else env
+    user = values.get("LOGNAME") or values.get("USER") or getpass.getuser()
+    home = expand_user("~", env)
+    return Path(expand_user(path.replace("%d", home).replace("%u", user), env))
 
 
 def _is_port(text: str) -> bool:
@@ -113,23 +119,32 @@ class SshConfig:
     paths: list[Path]
     identity: Path | None
     known_hosts: Path | None
+    #: whose home the default files are in (None: the process's environment)
+    env: Mapping[str, str] | None = field(default=None, compare=False)
+
+    @property
+    def home(self) -> Path:
+        return Path(expand_user("~", self.env))
 
     @classmethod
     def load(
-        cls, ssh_config: Path | None, identity: Path | None, known_hosts: Path | None
+        cls, ssh_config: Path | None, identity: Path | None, known_hosts: Path | None,
+        env: Mapping[str, str] | None = None,
     ) -> SshConfig:
-        """Check the given files and pick the config files, like ``ssh [-F FILE] [-i KEY]``."""
+        """Check the given files and pick the config files, like ``ssh [-F FILE] [-i KEY]``
+        run in ``env`` (its home's ``.ssh``; None: the process's environment)."""
         if ssh_config is not None:
             # Any readable file, /dev/null included (``ssh -F /dev/null``: no config at all).
             if not (ssh_config.exists() and not ssh_config.is_dir()):
                 raise TransportError(f"ssh config {ssh_config} does not exist; check the path")
             paths = [ssh_config]
         else:
-            candidates = [Path.home() / ".ssh" / "config", Path("/etc/ssh/ssh_config")]
+            home = Path(expand_user("~", env))
+            candidates = [home / ".ssh" / "config", Path("/etc/ssh/ssh_config")]
             paths = [p for p in candidates if os.access(p, os.R_OK)]
         if identity is not None and not os.access(identity, os.R_OK):
             raise TransportError(f"identity file {identity} is not readable; check the -i path")
-        return cls(paths, identity, known_hosts)
+        return cls(paths, identity, known_hosts, env)
 
     @property
     def path_args(self) -> list[str]:
@@ -159,9 +174,9 @@ class SshConfig:
         key_files = [self.identity] if self.identity is not None else []
         configured = strings("IdentityFile")
         if configured:
-            key_files += [_expand(k) for k in configured]
+            key_files += [_expand(k, self.env) for k in configured]
         else:
-            key_files += [Path.home() / ".ssh" / name for name in _DEFAULT_KEY_NAMES]
+            key_files += [self.home / ".ssh" / name for name in _DEFAULT_KEY_NAMES]
         # ssh(1) skips identity files that do not exist; asyncssh would fail on them.
         key_files = [k for k in dict.fromkeys(key_files) if k.is_file()]
 
@@ -170,13 +185,13 @@ class SshConfig:
         else:
             listed = strings("UserKnownHostsFile")
             if listed is None:
-                home_ssh = Path.home() / ".ssh"
+                home_ssh = self.home / ".ssh"
                 user_files = [home_ssh / "known_hosts", home_ssh / "known_hosts2"]
             else:
-                user_files = [_expand(p) for p in listed]  # [] means "none"
+                user_files = [_expand(p, self.env) for p in listed]  # [] means "none"
         global_listed = strings("GlobalKnownHostsFile")
         global_files = (
-            [_expand(p) for p in global_listed]
+            [_expand(p, self.env) for p in global_listed]
             if global_listed is not None
             else [Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2")]
         )

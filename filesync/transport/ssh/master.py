@@ -33,10 +33,12 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from filesync.errors import TransportError
+from filesync.transport.base import Spawn
 from filesync.transport.ssh import openssh_errors
 
 if TYPE_CHECKING:
@@ -95,11 +97,12 @@ def _sweep(base: Path) -> None:
                 shutil.rmtree(entry)
 
 
-def runtime_dir() -> Path:
-    """A fresh 0700 directory for one master's socket and log, short enough for a socket."""
+def runtime_dir(spawn: Spawn | None = None) -> Path:
+    """A fresh 0700 directory for one master's socket and log, short enough for a socket
+    (under ``spawn``'s ``$XDG_RUNTIME_DIR`` first)."""
     uid = os.getuid()
     bases = []
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+    if runtime := (spawn or Spawn()).environ.get("XDG_RUNTIME_DIR"):
         bases.append(Path(runtime) / "filesync")
     bases.append(Path(tempfile.gettempdir()) / f"filesync-{uid}")
     bases.append(Path(f"/tmp/filesync-{uid}"))
@@ -162,26 +165,31 @@ def _has_tty() -> bool:
     return True
 
 
-def error_context(res: OpenSshSettings) -> openssh_errors.Context:
-    """What ``openssh_errors`` needs to explain a failed login to ``res``."""
+def error_context(res: OpenSshSettings, spawn: Spawn | None = None) -> openssh_errors.Context:
+    """What ``openssh_errors`` needs to explain a failed login to ``res`` (made in
+    ``spawn``'s environment: its ``SSH_AUTH_SOCK``)."""
     known = res.files("userknownhostsfile")
+    agent = bool((spawn or Spawn()).environ.get("SSH_AUTH_SOCK"))
     return openssh_errors.Context(
         label=res.label, alias=res.alias, host=res.host, port=res.port, user=res.user,
         known_hosts=str(known[0]) if known else "~/.ssh/known_hosts",
         identity_files=res.files("identityfile"),
-        agent=bool(os.environ.get("SSH_AUTH_SOCK")) and res.get("identityagent") != "none",
+        agent=agent and res.get("identityagent") != "none",
         tty=_has_tty(),
     )
 
 
-async def run_ssh(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run ``argv`` (an ``ssh`` that opens no session) to its end: (status, out, err);
-    ``TimeoutError`` (the process killed) if it takes longer than ``timeout``."""
+async def run_ssh(argv: list[str], timeout: float,
+                  spawn: Spawn | None = None) -> tuple[int, str, str]:
+    """Run ``argv`` (an ``ssh`` that opens no session) to its end, in ``spawn``'s
+    context: (status, out, err); ``TimeoutError`` (the process killed) if it takes longer
+    than ``timeout``."""
     import asyncio
 
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        **(spawn or Spawn()).kwargs(),
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -199,12 +207,16 @@ class ControlMaster:
 
     ``socket`` is the ControlPath; ``owned`` says filesync started it (and so ends it);
     ``pid`` is the master's process id, for messages and, for a master filesync did not
-    start, for telling whether it still runs.
+    start, for telling whether it still runs. ``spawn``: the context every ``ssh`` of
+    this connection runs in (its working directory only the login's).
     """
 
     def __init__(self, ssh: str, alias: str, socket: str, pid: int, *, owned: bool,
                  proc: subprocess.Popen[bytes] | None = None,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, spawn: Spawn | None = None) -> None:
+        # Later ssh processes (sessions, the stop) may start long after the working
+        # directory of the command that connected is gone: they need none of it.
+        self.spawn = replace(spawn or Spawn(), cwd=None)
         self.ssh = ssh
         self.alias = alias
         self.socket = socket
@@ -217,9 +229,10 @@ class ControlMaster:
 
     @classmethod
     def start(cls, ssh: str, base: list[str], res: OpenSshSettings, *, accept_new: bool = False,
-              connect_timeout: float = 15.0) -> ControlMaster:
+              connect_timeout: float = 15.0, spawn: Spawn | None = None) -> ControlMaster:
         """Spawn filesync's own master for ``res`` and return at once (see ``ready``)."""
-        workdir = runtime_dir()
+        spawn = spawn or Spawn()
+        workdir = runtime_dir(spawn)
         socket = workdir / SOCKET
         # Ours first: for -o options the first value given wins, and the caller's options
         # (in ``base``) may name a ControlPath of their own.
@@ -233,25 +246,29 @@ class ControlMaster:
             # the terminal, if there is one.
             with open(workdir / "master.log", "ab") as err:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, stderr=err)
+                                        stdout=subprocess.DEVNULL, stderr=err,
+                                        **spawn.kwargs())
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         return cls(ssh, res.alias, str(socket), proc.pid, owned=True, proc=proc,
-                   workdir=workdir)
+                   workdir=workdir, spawn=spawn)
 
     @classmethod
-    async def find(cls, ssh: str, base: list[str], res: OpenSshSettings) -> ControlMaster | None:
+    async def find(cls, ssh: str, base: list[str], res: OpenSshSettings,
+                   spawn: Spawn | None = None) -> ControlMaster | None:
         """The running master that ``res``'s ControlPath leads to (the user's config, or
         the caller's options in ``base``), or None. filesync never stops it."""
         path = res.get("controlpath", "none")
         if path == "none":
             return None
         with contextlib.suppress(TimeoutError, OSError):
-            code, _out, err = await run_ssh([ssh, *base, "-O", "check", "--", res.alias], 10)
+            code, _out, err = await run_ssh([ssh, *base, "-O", "check", "--", res.alias], 10,
+                                            spawn)
             found = _MASTER_PID.search(err)
             if code == 0 and found:
-                return cls(ssh, res.alias, path, int(found.group(1)), owned=False)
+                return cls(ssh, res.alias, path, int(found.group(1)), owned=False,
+                           spawn=spawn)
         return None
 
     async def ready(self, res: OpenSshSettings, say: Callable[[str], None]) -> None:
@@ -271,7 +288,7 @@ class ControlMaster:
                 if self._proc.poll() is not None:
                     text = self.log_tail()
                     if self._proc.returncode == 255:
-                        raise openssh_errors.explain(text, error_context(res))
+                        raise openssh_errors.explain(text, error_context(res, self.spawn))
                     raise TransportError(
                         f"the ssh master connection to {res.label} ended right after login "
                         f"({_last_message(text)}); run `ssh -v {res.alias}` to see why")
@@ -331,7 +348,7 @@ class ControlMaster:
         proc = self._proc
         if proc.poll() is None and os.path.exists(self.socket):
             with contextlib.suppress(TimeoutError, OSError):
-                await run_ssh(self._exit_argv(), _STOP_TIMEOUT)
+                await run_ssh(self._exit_argv(), _STOP_TIMEOUT, self.spawn)
             self._close_input()
             deadline = time.monotonic() + _STOP_TIMEOUT
             while proc.poll() is None and time.monotonic() < deadline:
@@ -348,7 +365,7 @@ class ControlMaster:
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 subprocess.run(self._exit_argv(), stdin=subprocess.DEVNULL,
                                capture_output=True, timeout=_STOP_TIMEOUT,
-                               start_new_session=True, check=False)
+                               start_new_session=True, check=False, **self.spawn.kwargs())
             self._close_input()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(_STOP_TIMEOUT)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from filesync.errors import ConnectionLost
-from filesync.transport.base import Conduit, RemoteProcess
+from filesync.transport.base import Conduit, RemoteProcess, Spawn
 from filesync.transport.ssh import openssh_errors
 from filesync.transport.ssh.master import GRACE, ControlMaster, run_ssh, session_overrides
 from filesync.transport.ssh.openssh_login import (
@@ -266,6 +266,7 @@ class OpenSshConduit(Conduit):
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, limit=1 << 20, start_new_session=True,
+            **self.master.spawn.kwargs(),
         )
         wrapped = OpenSshProcess(proc, self)
         self._procs = [p for p in self._procs if p._proc.returncode is None]
@@ -301,10 +302,11 @@ class OpenSshConduit(Conduit):
 # --------------------------------------------------------------------------- connecting
 
 
-async def resolve(ssh: str, base: list[str], alias: str) -> OpenSshSettings:
+async def resolve(ssh: str, base: list[str], alias: str,
+                  spawn: Spawn | None = None) -> OpenSshSettings:
     """Run ``ssh -G`` (no connection; ``Match exec`` commands do run)."""
     try:
-        code, out, err = await run_ssh([ssh, *base, "-T", "-G", "--", alias], 60)
+        code, out, err = await run_ssh([ssh, *base, "-T", "-G", "--", alias], 60, spawn)
     except TimeoutError:
         raise resolve_timeout(alias) from None
     return parse_resolved(alias, code, out, err)
@@ -322,13 +324,15 @@ async def connect(
     ssh_options: Sequence[str] = (),
     verbose: Callable[[str], None] | None = None,
     login: Pending | None = None,
+    spawn: Spawn | None = None,
 ) -> OpenSshConduit:
     """Log in to ``host`` (a name or ssh_config alias) with ``ssh`` and return the conduit.
 
     ``user``/``port`` are ``-l``/``-p``, ``ssh_config`` is ``-F``, ``identity`` is ``-i``;
     ``ssh_options`` are more ``ssh`` options (``["-o", "ControlPath=PATH"]``: a running
     master there is ridden, never ended). ``login``: a login ``begin`` started, taken
-    over if it was begun with the same arguments (else it is ended).
+    over if it was begun with the same arguments (else it is ended). ``spawn``: the
+    context every ``ssh`` runs in (a begun login is the process's own).
     Raises ``TransportError`` with one line naming the cause and the fix.
     """
     say = verbose or (lambda _msg: None)
@@ -341,9 +345,9 @@ async def connect(
     if pending is not None:
         pending.taken = True
     if pending is None:
-        ssh = which_ssh()
+        ssh = which_ssh((spawn or Spawn()).env)
         base = base_args(ssh_config, identity, user, port) + check_ssh_options(ssh_options)
-        res = await resolve(ssh, base, host)
+        res = await resolve(ssh, base, host, spawn)
         master = None
     else:
         if pending.error is not None:
@@ -351,12 +355,12 @@ async def connect(
         assert pending.res is not None and pending.base is not None
         ssh, base, res, master = pending.ssh, pending.base, pending.res, pending.master
     if master is None:
-        theirs = await ControlMaster.find(ssh, base, res)
+        theirs = await ControlMaster.find(ssh, base, res, spawn)
         if theirs is not None:
             say(f"ssh: riding the running ControlMaster of {res.label} (pid {theirs.pid})")
             return OpenSshConduit(ssh, base, res, theirs, say)
         master = ControlMaster.start(ssh, base, res, accept_new=accept_new_host_key,
-                                     connect_timeout=connect_timeout)
+                                     connect_timeout=connect_timeout, spawn=spawn)
     assert master.workdir is not None
     say(f"ssh: connecting to {res.label} with {ssh} (one ControlMaster, socket in "
         f"{master.workdir})")

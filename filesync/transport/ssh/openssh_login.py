@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,17 +32,19 @@ from filesync.transport.ssh.resolved import OpenSshSettings, resolve_now
 ENV_CLIENT = "FILESYNC_SSH_CLIENT"
 CLIENTS = ("openssh", "asyncssh")
 
-def choose_client(requested: str | None) -> str:
+def choose_client(requested: str | None, env: Mapping[str, str] | None = None) -> str:
     """``openssh`` or ``asyncssh``: the request, else $FILESYNC_SSH_CLIENT, else openssh
-    whenever an ``ssh`` binary is on PATH. Raises ``UsageError`` for another name and
-    ``TransportError`` when openssh is asked for but there is no ``ssh``."""
-    choice = requested or os.environ.get(ENV_CLIENT, "")
+    whenever an ``ssh`` binary is on PATH (both of ``env``, None: the process's). Raises
+    ``UsageError`` for another name and ``TransportError`` when openssh is asked for but
+    there is no ``ssh``."""
+    env = os.environ if env is None else env
+    choice = requested or env.get(ENV_CLIENT, "")
     if choice and choice not in CLIENTS:
         where = f"ssh client {choice!r}" if requested else f"{ENV_CLIENT}={choice!r}"
         raise UsageError(f"{where} is not a client; set it to openssh or asyncssh")
     if not choice:
-        return "openssh" if shutil.which("ssh") else "asyncssh"
-    if choice == "openssh" and not shutil.which("ssh"):
+        return "openssh" if _which(env) else "asyncssh"
+    if choice == "openssh" and not _which(env):
         raise TransportError("no ssh binary on PATH; install the OpenSSH client "
                              "(openssh-client) or use --ssh-client asyncssh")
     return choice
@@ -66,8 +69,13 @@ def base_args(ssh_config: Path | None, identity: Path | None, user: str | None,
     return base
 
 
-def which_ssh() -> str:
-    ssh = shutil.which("ssh")
+def _which(env: Mapping[str, str] | None) -> str | None:
+    return shutil.which("ssh", path=None if env is None else env.get("PATH", os.defpath))
+
+
+def which_ssh(env: Mapping[str, str] | None = None) -> str:
+    """The ``ssh`` on ``env``'s PATH (None: the process's)."""
+    ssh = _which(env)
     if ssh is None:
         raise TransportError("no ssh binary on PATH; install the OpenSSH client "
                              "(openssh-client) or use --ssh-client asyncssh")
