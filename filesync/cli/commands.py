@@ -25,7 +25,15 @@ from filesync.core.reconcile import Action, Direction, Kind, settle
 from filesync.errors import FilesyncError, UsageError
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, Rules, direction_of, join_remote, plan_passes
-from filesync.session.runner import Deadline, EndpointConduits, Job, PassRun, Plan, Runner
+from filesync.session.runner import (
+    Deadline,
+    EndpointConduits,
+    Job,
+    PassRun,
+    Plan,
+    PlanFilter,
+    Runner,
+)
 from filesync.session.terms import (
     ChangeAction,
     Options,
@@ -82,10 +90,18 @@ async def run_command(req: Request, pool: EndpointConduits) -> int:
                                         for t in req.targets])
     direction = _DIRECTIONS.get(req.command, Direction.SYNC)
     plan_filter = _resolve_filter(req) if req.command == "resolve" else None
-    jobs = [Pairs(Job(t, _fixed([PassRun(local, t.path, _options(req, direction, local),
-                                         plan_filter)])), [(t.label(), local, t.path)])
+    jobs = [_directory_job(t, local, _options(req, direction, local), plan_filter)
             for t in req.targets]
     return await _run(req, runner, jobs)
+
+
+def _directory_job(target: Target, local: Path, opts: Options,
+                   plan_filter: PlanFilter | None) -> Pairs:
+    """The one pass of a directory pair, known before the connection: its listing is
+    asked for in the same write as the helper's source."""
+    run = PassRun(local, target.path, opts, plan_filter)
+    return Pairs(Job(target, _fixed([run]), (target.path, opts.rule)),
+                 [(target.label(), local, target.path)])
 
 
 def _fixed(passes: list[PassRun]) -> Plan:

@@ -41,9 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
+from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import ConnectionLost, FilesyncError, SelfSync, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.session.selfsync import refuse_self_sync
@@ -79,10 +81,15 @@ Plan = Callable[[Conduit, Endpoint], Awaitable[list[PassRun]]]
 
 @dataclass(frozen=True)
 class Job:
-    """Passes that share one connection to ``target``, planned once it is up."""
+    """Passes that share one connection to ``target``, planned once it is up.
+
+    ``first_listing``: the first pass's remote path (as written) and rule, where they are
+    known before the connection is: its listing request then rides behind the helper's
+    source, so the remote walks while the helper's hello is still on its way."""
 
     target: Target
     plan: Plan
+    first_listing: tuple[str, ExcludeRule] | None = None
 
 
 @dataclass
@@ -192,7 +199,8 @@ class Runner:
         retry = may_retry and reused and self.renewable
         try:
             endpoint = await self.warm.endpoints.endpoint_for(
-                conduit, self.log, watch=self.warm.watching, idle=how.idle)
+                conduit, self.log, job.first_listing, watch=self.warm.watching,
+                idle=how.idle)
             return _Ready(conduit, retry, await job.plan(conduit, endpoint))
         except ConnectionLost as exc:
             await self.pool.release(conduit, False)
@@ -246,6 +254,7 @@ class Runner:
         if how.guard and any(p.remote_root is not None for p in passes[1:]):
             endpoint = await self.warm.endpoints.endpoint_for(conduit, self.log,
                                                               watch=self.warm.watching)
+            await _list_ahead(endpoint, passes[0])
             for p in passes[1:]:
                 if p.remote_root is not None:
                     await self._guard(endpoint, p.local, p.remote_root)
@@ -277,6 +286,17 @@ class Runner:
         if (local_root, remote_root) not in checked:
             await refuse_self_sync(endpoint, local_root, remote_root, self.log)
             checked.add((local_root, remote_root))
+
+
+async def _list_ahead(endpoint: Endpoint, first: PassRun) -> None:
+    """Send the first pass's listing request before the job's other pairs are checked:
+    their probes queue behind it (``Endpoint.any_exists``), so the remote walks meanwhile,
+    and the pass takes the reply as if it had asked itself (same root and rule)."""
+    if first.remote_root is None:
+        return
+    opts = first.opts
+    ahead = endpoint if opts.rename is None else RenamedEndpoint(endpoint, opts.rename)
+    await ahead.prefetch_list(first.remote_root, opts.rule)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ agent and a session do, so that a connection can die while idle."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from synctree import snapshot, write
 
@@ -19,10 +21,53 @@ from filesync.errors import FilesyncError, SelfSync, TransportError
 from filesync.session.runner import Deadline, Job, JobOutcome, PassRun, Runner
 from filesync.sync.engine import Options, Report
 from filesync.sync.warm import WarmState
-from filesync.transport.base import Conduit
+from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.target import ConnectOptions, Target
+from filesync.tree.bundle import payload
+from filesync.tree.wire import HEADER
 
 RULE = ExcludeRule.build(default_excludes=False)
+
+
+class RecordingConduits(KeptConduits):
+    """The agent's pool, keeping every write its conduits' processes are sent, in order
+    (the helper behind them is the real one)."""
+
+    def __init__(self, warm: WarmState) -> None:
+        super().__init__(warm)
+        self.writes: list[bytes] = []
+
+    async def acquire(self, target: Target, opts: ConnectOptions) -> tuple[Conduit, bool]:
+        conduit, reused = await super().acquire(target, opts)
+        if not reused:
+            start = conduit.start
+
+            async def recording_start(command: str) -> RemoteProcess:
+                proc = await start(command)
+                write = proc.write
+
+                async def recording_write(data: bytes) -> None:
+                    self.writes.append(data)
+                    await write(data)
+
+                proc.write = recording_write  # type: ignore[method-assign]
+                return proc
+
+            conduit.start = recording_start  # type: ignore[method-assign]
+        return conduit, reused
+
+    def ops(self, writes: list[bytes] | None = None) -> list[str]:
+        """The ops of the requests in ``writes`` (all of them: None), in order."""
+        out: list[str] = []
+        for data in self.writes if writes is None else writes:
+            data = data.removeprefix(payload())
+            while len(data) >= HEADER.size:
+                kind, size = HEADER.unpack_from(data)
+                body, data = data[HEADER.size:HEADER.size + size], data[HEADER.size + size:]
+                if kind == b"J":
+                    request: dict[str, Any] = json.loads(body)
+                    out.append(request["op"])
+        return out
 
 
 class Rig:
@@ -33,14 +78,15 @@ class Rig:
         self.local, self.remote, self.state = tmp / "local", tmp / "remote", tmp / "state"
         write(self.local / "a.txt", "a\n")
         self.warm = WarmState()
-        self.pool = KeptConduits(self.warm)
+        self.pool = RecordingConduits(self.warm)
         self.runner = Runner(self.pool, self.warm, ConnectOptions())
 
-    def job(self, target: Target, *passes: PassRun) -> Job:
+    def job(self, target: Target, *passes: PassRun,
+            first_listing: tuple[str, ExcludeRule] | None = None) -> Job:
         async def plan(_conduit: Conduit, _endpoint: object) -> list[PassRun]:
             return list(passes)
 
-        return Job(target, plan)
+        return Job(target, plan, first_listing)
 
     def push(self, local: Path, remote: Path, remote_root: str | None = None) -> PassRun:
         return PassRun(local, str(remote), Options(Direction.PUSH, rule=RULE,
@@ -148,6 +194,43 @@ async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
         (planned,) = await rig.run(rig.job(target, dry), guard=False)
         assert planned.error is None and [a.path for a in report_of(planned).plan] == ["b.txt"]
         assert rig.pool.opened == 1  # a refusal leaves the connection kept, as good as it was
+    finally:
+        await rig.close()
+
+
+async def test_a_known_first_listing_is_asked_for_with_the_helper_source(
+        tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    target = Target("local", str(tmp_path))
+    try:
+        job = rig.job(target, rig.push(rig.local, rig.remote),
+                      first_listing=(str(rig.remote), RULE))
+        (outcome,) = await rig.run(job)
+        assert outcome.error is None and report_of(outcome).uploaded == 1
+        # The source and the listing request leave in one write: the remote walks before
+        # the client has read the helper's hello.
+        assert rig.pool.writes[0].startswith(payload())
+        assert rig.pool.ops(rig.pool.writes[:1]) == ["keepalive", "list"]
+        assert rig.pool.ops().count("list") == 1  # the pass took that reply: no second ask
+    finally:
+        await rig.close()
+
+
+async def test_a_job_of_several_pairs_lists_its_first_before_checking_the_others(
+        tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    other = tmp_path / "other"
+    write(other / "b.txt", "b\n")
+    target = Target("local", str(tmp_path))
+    try:
+        job = rig.job(target, rig.push(rig.local, rig.remote, remote_root=str(rig.remote)),
+                      rig.push(other, tmp_path / "r2", remote_root=str(tmp_path / "r2")))
+        (outcome,) = await rig.run(job)
+        assert outcome.error is None and [report_of(outcome, n).uploaded for n in (0, 1)] == [1, 1]
+        # The later pair's self-sync probe queues behind the first pass's listing, which
+        # the pass then takes: one listing request per pass, the first one first.
+        ops = rig.pool.ops()
+        assert ops.index("list") < ops.index("exists") and ops.count("list") == 2
     finally:
         await rig.close()
 

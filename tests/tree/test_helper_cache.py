@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from filesync.tree.bundle import bootstrap_command, digest, payload, sources
+from filesync.tree.bundle import bootstrap_command, digest, payload, sources, sources_blob
 from filesync.tree.wire import PROTOCOL
 
 MARKER = b"FROM-THE-CACHE"
@@ -30,11 +30,12 @@ def cache_file(home: Path) -> Path:
     return home / ".cache" / "filesync" / f"helper-{digest()}-{sys.implementation.cache_tag}.bin"
 
 
-def run_helper(home: Path) -> bytes:
-    """One helper run that says bye at once; its stdout."""
+def run_helper(home: Path, bundle: bytes | None = None) -> bytes:
+    """One helper run (of ``bundle``, None: the real one) that says bye at once; its
+    stdout."""
     bye = json.dumps({"op": "bye"}).encode()
     done = subprocess.run(["sh", "-c", bootstrap_command()],
-                          input=payload() + struct.pack(">cI", b"J", len(bye)) + bye,
+                          input=(bundle or payload()) + struct.pack(">cI", b"J", len(bye)) + bye,
                           env={"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin")},
                           cwd=home, capture_output=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
@@ -83,6 +84,18 @@ def test_the_first_run_writes_a_private_cache_that_the_next_run_loads(tmp_path: 
     # the next run loads it: a valid cache holding other code is the code that runs
     write_cache(path, marker_body())
     assert run_helper(tmp_path) == MARKER
+
+
+def test_a_run_from_the_cache_never_decodes_the_sources(tmp_path: Path) -> None:
+    """The sources ride behind the loader, always read but decoded only to compile: with
+    a whole cache, a bundle whose sources are garbage of the same length still starts."""
+    assert answered_hello(run_helper(tmp_path))  # writes the cache
+    blob = sources_blob()
+    garbage = payload()[: -len(blob)] + b"\0" * len(blob)
+    assert answered_hello(run_helper(tmp_path, garbage))
+    cache_file(tmp_path).unlink()  # without the cache, the same garbage cannot start
+    with pytest.raises(AssertionError):
+        run_helper(tmp_path, garbage)
 
 
 def test_a_corrupted_cache_is_not_used_and_is_rewritten(tmp_path: Path) -> None:
