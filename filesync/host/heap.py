@@ -4,13 +4,13 @@ A watched pass over a large tree builds transient copies (each side's listing ha
 out, the state's tables) of a few MB each and frees them when it ends. glibc keeps freed
 heap pages mapped, so a watch that runs for hours would hold its largest pass's peak for
 good; ``trim`` asks glibc (``malloc_trim``) to return what is free now. Elsewhere (another
-C library, no ctypes) it does nothing: only memory is at stake, never a result.
+C library, no ctypes) it does nothing: only memory is at stake, never a result. ctypes is
+loaded on the first ``trim``, not on import: a one-shot command never trims, and its cold
+start does not pay for it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import sys
 from collections.abc import Callable
@@ -20,6 +20,9 @@ from collections.abc import Callable
 def _malloc_trim() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         fn = libc.malloc_trim
