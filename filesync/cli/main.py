@@ -148,8 +148,12 @@ def _common(
     p.add_argument("-q", "--quiet", action="store_true")
 
 
-def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    """The parser; option defaults from ``env`` (None: the process's environment)."""
+def build_parser(env: Mapping[str, str] | None = None,
+                 command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; option defaults from ``env`` (None: the process's environment).
+    ``command``: the only subcommand whose options are needed (None: every one's). The
+    others are still named, with their help, but left empty: their ~25 options each
+    would cost a plain run's login the milliseconds it takes to declare them."""
     env = os.environ if env is None else env
     parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
     parser.add_argument("--version", action="version", version=f"filesync {__version__}")
@@ -161,14 +165,18 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         ("status", "print the plan and open conflicts; change nothing"),
         ("undo", "restore the host files the last pull replaced or deleted"),
     ):
-        _common(sub.add_parser(name, help=text, description=text), env,
-                fanout=name == "push", config=name != "undo")
+        p = sub.add_parser(name, help=text, description=text)
+        if command in (None, name):
+            _common(p, env, fanout=name == "push", config=name != "undo")
     text = "sync both ways whenever either side changes, until Ctrl-C or SIGTERM"
-    _common(sub.add_parser("watch", help=text, description=text), env)
+    watch = sub.add_parser("watch", help=text, description=text)
+    if command in (None, "watch"):
+        _common(watch, env)
     resolve = sub.add_parser("resolve", help="settle one conflict")
-    _common(resolve, env, config=False)
-    resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
-    resolve.add_argument("--keep", choices=("local", "remote"), required=True)
+    if command in (None, "resolve"):
+        _common(resolve, env, config=False)
+        resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
+        resolve.add_argument("--keep", choices=("local", "remote"), required=True)
     demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")
     demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
     snippet = sub.add_parser("profile-snippet", help="print an /etc/profile.d PATH snippet")
@@ -182,7 +190,10 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
 def parse(args_list: Sequence[str], env: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Parse a command line (defaults from ``env``, None: the process's environment);
     raise ``UsageError`` (exit 2) on bad input."""
-    args = build_parser(env).parse_args(args_list)
+    # The top level takes no option with a value: its first word that is no option is
+    # the subcommand, the only one whose options are declared.
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    args = build_parser(env, command).parse_args(args_list)
     if args.command is None:
         raise UsageError("no command given; run 'filesync --help' for the list")
     return args

@@ -167,8 +167,9 @@ def digest() -> str:
     return hashlib.sha256(repr(sorted(sources().items())).encode("utf-8")).hexdigest()[:32]
 
 
-#: How hard the sources are compressed: level 1 is ~8x faster than 9 on the client's path
-#: to the first byte (2 ms against 19 ms here) for ~6 KB more on the wire, once per run.
+#: How hard the sources are compressed: they are compressed on the client's path to the
+#: first byte, once per run, and level 1 costs a few KB more than 9 for a fraction of its
+#: time (figures: docs/benchmarks.md).
 _BLOB_LEVEL = 1
 
 

@@ -80,6 +80,14 @@ class Rig:
         self.warm = WarmState()
         self.pool = RecordingConduits(self.warm)
         self.runner = Runner(self.pool, self.warm, ConnectOptions())
+        #: the remote side as the local transport reaches it
+        self.here = Target("local", str(tmp))
+
+    def other_tree(self) -> Path:
+        """A second host tree, for a job of two pairs."""
+        other = self.tmp / "other"
+        write(other / "b.txt", "b\n")
+        return other
 
     def job(self, target: Target, *passes: PassRun,
             first_listing: tuple[str, ExcludeRule] | None = None) -> Job:
@@ -172,9 +180,7 @@ async def test_real_failures_are_not_retried(tmp_path: Path) -> None:
 async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
         tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    other = tmp_path / "other"
-    write(other / "b.txt", "b\n")
-    target = Target("local", str(tmp_path))
+    other, target = rig.other_tree(), rig.here
     try:
         # The second pair is one tree reached twice: the first pass must not run.
         job = rig.job(target, rig.push(rig.local, rig.remote),
@@ -201,9 +207,8 @@ async def test_every_pair_of_a_job_is_checked_before_anything_is_applied(
 async def test_a_known_first_listing_is_asked_for_with_the_helper_source(
         tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    target = Target("local", str(tmp_path))
     try:
-        job = rig.job(target, rig.push(rig.local, rig.remote),
+        job = rig.job(rig.here, rig.push(rig.local, rig.remote),
                       first_listing=(str(rig.remote), RULE))
         (outcome,) = await rig.run(job)
         assert outcome.error is None and report_of(outcome).uploaded == 1
@@ -219,12 +224,10 @@ async def test_a_known_first_listing_is_asked_for_with_the_helper_source(
 async def test_a_job_of_several_pairs_lists_its_first_before_checking_the_others(
         tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    other = tmp_path / "other"
-    write(other / "b.txt", "b\n")
-    target = Target("local", str(tmp_path))
+    second = tmp_path / "r2"
     try:
-        job = rig.job(target, rig.push(rig.local, rig.remote, remote_root=str(rig.remote)),
-                      rig.push(other, tmp_path / "r2", remote_root=str(tmp_path / "r2")))
+        job = rig.job(rig.here, rig.push(rig.local, rig.remote, remote_root=str(rig.remote)),
+                      rig.push(rig.other_tree(), second, remote_root=str(second)))
         (outcome,) = await rig.run(job)
         assert outcome.error is None and [report_of(outcome, n).uploaded for n in (0, 1)] == [1, 1]
         # The later pair's self-sync probe queues behind the first pass's listing, which

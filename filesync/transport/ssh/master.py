@@ -20,8 +20,9 @@ Guarantees:
   and SIGQUIT (a ``sh`` sets that and execs ssh), as a daemonized master would. It stays
   in filesync's session, so ssh can still ask for a passphrase on the terminal.
 
-Standard library only; asyncio is imported by the waiting methods alone (the CLI spawns
-the master before anything heavier is loaded).
+Standard library only; asyncio is imported by the waiting methods alone, and the
+explanation of a failed login (``openssh_errors``) only on a failure: the CLI spawns the
+master before anything heavier is loaded.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from typing import TYPE_CHECKING
 
 from filesync.errors import TransportError
 from filesync.transport.base import Spawn
-from filesync.transport.ssh import openssh_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from filesync.transport.ssh import openssh_errors
     from filesync.transport.ssh.resolved import OpenSshSettings
 
 #: How long a finished client may take to exit, or a dying master to die.
@@ -168,6 +169,8 @@ def _has_tty() -> bool:
 def error_context(res: OpenSshSettings, spawn: Spawn | None = None) -> openssh_errors.Context:
     """What ``openssh_errors`` needs to explain a failed login to ``res`` (made in
     ``spawn``'s environment: its ``SSH_AUTH_SOCK``)."""
+    from filesync.transport.ssh import openssh_errors
+
     known = res.files("userknownhostsfile")
     agent = bool((spawn or Spawn()).environ.get("SSH_AUTH_SOCK"))
     return openssh_errors.Context(
@@ -288,6 +291,8 @@ class ControlMaster:
                 if self._proc.poll() is not None:
                     text = self.log_tail()
                     if self._proc.returncode == 255:
+                        from filesync.transport.ssh import openssh_errors
+
                         raise openssh_errors.explain(text, error_context(res, self.spawn))
                     raise TransportError(
                         f"the ssh master connection to {res.label} ended right after login "
@@ -395,5 +400,7 @@ class ControlMaster:
 
 
 def _last_message(text: str) -> str:
+    from filesync.transport.ssh import openssh_errors
+
     lines = openssh_errors.messages(text)
     return lines[-1].rstrip(".") if lines else "no message"
