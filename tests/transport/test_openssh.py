@@ -432,15 +432,16 @@ def test_a_bad_config_is_one_line(sshd: SshdContainer, tmp_path: Path) -> None:
 def test_openssh_path_imports_neither_asyncssh_nor_cryptography(
     sshd: SshdContainer, tmp_path: Path
 ) -> None:
-    # Nor ctypes: only a watch trims its heap (``filesync.host.heap``); a one-shot run's
-    # cold start does not load it.
+    # Nor ctypes: only a watch trims its heap (``filesync.host.heap``); nor what explains
+    # a failed login (``openssh_errors``): a run that succeeds does not load them.
     run = Run(tmp_path, sshd, block("light", sshd), "light")
     code = (
         "import json, sys\n"
         "from filesync.cli.main import main\n"
         "rc = main(sys.argv[1:])\n"
         "print(json.dumps({'rc': rc, 'loaded': sorted(m for m in sys.modules\n"
-        "    if m.split('.')[0] in ('asyncssh', 'cryptography', 'ctypes'))}))\n"
+        "    if m.split('.')[0] in ('asyncssh', 'cryptography', 'ctypes')\n"
+        "    or m == 'filesync.transport.ssh.openssh_errors')}))\n"
     )
     done = run_cli(run.home, "push", str(run.local), run.spec, "-q", "--state-dir",
                    str(run.state), "-F", str(run.config), code=code)

@@ -40,7 +40,6 @@ from pathlib import Path
 
 from filesync.errors import ConnectionLost
 from filesync.transport.base import Conduit, RemoteProcess, Spawn
-from filesync.transport.ssh import openssh_errors
 from filesync.transport.ssh.master import GRACE, ControlMaster, run_ssh, session_overrides
 from filesync.transport.ssh.openssh_login import (
     CLIENTS,
@@ -235,6 +234,8 @@ class OpenSshConduit(Conduit):
 
     def _master_reason(self) -> str:
         """Why the master ended, from its log (its last own message)."""
+        from filesync.transport.ssh import openssh_errors  # (only once a master ended)
+
         lines = openssh_errors.messages(self.master.log_tail())
         return lines[-1].rstrip(".") if lines else "the ssh master connection ended"
 
