@@ -239,6 +239,8 @@ class TempFile:
         self.error = error
         self.pfd = -1
         self.fd = -1
+        #: once placed: the file's listing row, as a walk would list it now
+        self.listed: list[Any] | None = None
         if error:
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -311,6 +313,8 @@ class TempFile:
             self.abort()
             return [self.rel, Status.ERROR, *reason_of(exc)]
         self._close()
+        self.listed = [self.rel, "f", st.st_size, st.st_mtime_ns, st.st_mode & 0o7777,
+                       st.st_ino, st.st_nlink]
         return [self.rel, Status.OK, st.st_size, st.st_mtime_ns]
 
     def abort(self) -> None:
@@ -409,6 +413,8 @@ class Batch:
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
+        #: the listing rows of the files placed so far (``TempFile.listed``)
+        self.placed: list[list[Any]] = []
         self.pending: list[tuple[int, TempFile, list[int] | None]] = []
         #: a descriptor of its own per directory of the pending files (the ``Dirs``
         #: cache closes its own as the request moves on)
@@ -452,6 +458,8 @@ class Batch:
                 self.rows[index] = row
         for index, sink, expect in synced:
             self.rows[index] = sink.place(expect)
+            if sink.listed is not None:
+                self.placed.append(sink.listed)
         dirs, self.dirs = self.dirs, {}
         for fd in dirs.values():
             fsync_dir(fd)
