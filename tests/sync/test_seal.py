@@ -92,6 +92,19 @@ def sealed_pair(pair: Pair) -> Pair:
     return pair
 
 
+def count_ancestor_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets an item each time a pass reads the state's ancestors."""
+    read: list[str] = []
+    real_ancestors = PairState.ancestors
+
+    def ancestors(self: PairState) -> Any:
+        read.append("ancestors")
+        return real_ancestors(self)
+
+    monkeypatch.setattr(PairState, "ancestors", ancestors)
+    return read
+
+
 def drop_seal(pair: Pair) -> None:
     state = pair.pair_state()
     try:
@@ -107,14 +120,7 @@ def test_a_pass_on_the_sealed_listings_reads_and_plans_nothing(
     drop_seal(sealed_pair(pair))
     full = pair.run()  # a full pass: it finds the pair in sync and seals it again
     assert not pair.sealed
-    read: list[str] = []
-    real_ancestors = PairState.ancestors
-
-    def ancestors(self: PairState) -> Any:
-        read.append("ancestors")
-        return real_ancestors(self)
-
-    monkeypatch.setattr(PairState, "ancestors", ancestors)
+    read = count_ancestor_reads(monkeypatch)
     report = pair.run()
     assert pair.sealed and read == []
     assert report.to_json() == {**full.to_json(), "seconds": report.to_json()["seconds"]}
@@ -294,11 +300,7 @@ def test_watched_and_dry_passes_leave_no_seal(pair: Pair) -> None:
     pair.run()
     pair.run(dry_run=True)
     pair.run(warm=WarmState(watch=True))
-    state = pair.pair_state()
-    try:
-        assert state.seal() is None
-    finally:
-        state.close()
+    assert pair.seal() is None
 
 
 def test_a_push_seals_the_pair_as_its_transfers_left_it(
@@ -312,14 +314,7 @@ def test_a_push_seals_the_pair_as_its_transfers_left_it(
     _host_delete(pair)
     report = pair.run()
     assert (report.uploaded, report.deleted_remote) == (2, 1) and pair.seal() is not None
-    read: list[str] = []
-    real_ancestors = PairState.ancestors
-
-    def ancestors(self: PairState) -> Any:
-        read.append("ancestors")
-        return real_ancestors(self)
-
-    monkeypatch.setattr(PairState, "ancestors", ancestors)
+    read = count_ancestor_reads(monkeypatch)
     assert not pair.run().plan and pair.sealed and read == []
     drop_seal(pair)
     for direction in (Direction.PUSH, Direction.SYNC):
