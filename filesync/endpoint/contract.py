@@ -111,6 +111,13 @@ class Endpoint(Protocol):
         field and in order, the listing this endpoint once returned with ``digest ==
         known``. An endpoint that takes no digests always lists (with ``digest=""``)."""
 
+    async def seal_digest(self, root: str, rule: ExcludeRule) -> str:
+        """The ``digest`` a later ``list_tree(root, rule)`` on a new endpoint would have,
+        provided the root is then exactly as this endpoint's last listing of it left it
+        plus what this endpoint's ``send`` and ``delete`` made of it since; ``""`` if it is
+        not so now (or the endpoint cannot tell). Lets a pass that changed only this side
+        seal the pair as it left it (``filesync.sync.seal``)."""
+
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         """Stream each of ``paths`` into ``sink``: ``begin``/``end`` per file sent,
         ``failed`` per file that could not be. A file that changed while it was read

@@ -16,8 +16,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import xxhash
-
 from filesync.core.exclude import ExcludeRule
 from filesync.core.faults import crash_point
 from filesync.core.lineage import Series
@@ -45,6 +43,7 @@ from filesync.tree.wire import (
     frame,
     frame_head,
     is_count,
+    listing_digest,
     listing_row,
     ok_sent,
     parse_reason,
@@ -306,7 +305,7 @@ class HelperEndpoint:
             await self._request(self._list_request(root, wire))
             frame = await self._frame()
         kind, payload = frame
-        digest = xxhash.xxh3_128_hexdigest(kind + payload)
+        digest = listing_digest(kind, payload)
         key = (root, wire_key(wire))
         if known and digest == known:
             self._bases.pop(key)  # the helper's generation is not kept here: no delta
@@ -380,6 +379,20 @@ class HelperEndpoint:
         if not safe:
             filter_unsafe(listing)
         return listing
+
+    async def seal_digest(self, root: str, rule: ExcludeRule) -> str:
+        """The contract's: the helper walks ``root`` and compares it with the listing
+        this endpoint last received of it (the delta base), updated with what the helper
+        wrote and deleted since (``helper.Server.op_seal``)."""
+        wire = rule.wire()
+        base = self._bases.get((root, wire_key(wire)))
+        if base is None:
+            return ""
+        await self._request({"op": Op.SEAL.value, "root": root, **wire, "since": base.gen})
+        digest = (await self._reply()).get("digest")
+        if not isinstance(digest, str):
+            raise self._garbage("malformed seal reply")
+        return digest
 
     async def any_exists(self, paths: Sequence[str]) -> bool:
         """The contract's; asked of the helper itself (no other remote process). Behind

@@ -222,6 +222,10 @@ class PosixEndpoint(PlainCommands):
         """Always lists: its levels come from several commands, with no one reply to digest."""
         return await self.list_tree(root, rule)
 
+    async def seal_digest(self, root: str, rule: ExcludeRule) -> str:
+        """Its listings carry no digest: nothing to seal with."""
+        return ""
+
     async def list_tree(self, root: str, rule: ExcludeRule) -> Listing:
         """List regular files under ``root`` level by level (see the module doc): a child
         directory is listed at the next depth only if ``rule`` does not exclude it."""

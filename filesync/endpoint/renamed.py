@@ -77,6 +77,9 @@ class RenamedEndpoint:
         listing = await self._inner.list_tree_unless(root, self._rename.rule, known)
         return None if listing is None else self._listing(listing)
 
+    async def seal_digest(self, root: str, rule: ExcludeRule) -> str:
+        return await self._inner.seal_digest(root, self._rename.rule)
+
     async def fetch(self, root: str, paths: Sequence[str], sink: FetchSink) -> None:
         await self._inner.fetch(root, [self._out(p) for p in paths], _Sink(sink, self._in))
 

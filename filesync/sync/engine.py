@@ -240,7 +240,8 @@ async def _pass(
     if scans.carry is not None:
         scans.carry.keep()
     clean = not (report.skipped or report.errors or report.open_conflicts)
-    seal = sealing.seal_for(inputs, scans, planned, clean)
+    seal = await sealing.seal_for(inputs, scans, planned, clean,
+                                  whole_plan=plan_filter is None)
     if seal is not None:
         inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 

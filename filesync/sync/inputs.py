@@ -122,3 +122,5 @@ class Planned:
     skipped: tuple[Skipped, ...]
     #: every path is quietly in sync on all three sides, nothing skipped (``sync.seal``)
     in_sync: bool = False
+    #: every path is quiet or has an action, nothing skipped or left out (``sync.seal``)
+    all_acted: bool = False

@@ -427,7 +427,8 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
     conflicts = {a.path for a in actions if a.kind is Kind.CONFLICT}
     in_sync = not paths and not unknown and not skipped \
         and len(quiet) == len(anc) == len(rfiles) == len(entries)
-    return Planned(actions, lv, rv, conflicts, tuple(skipped), in_sync)
+    all_acted = not unknown and not skipped and {a.path for a in actions} == paths
+    return Planned(actions, lv, rv, conflicts, tuple(skipped), in_sync, all_acted)
 
 
 def _under_skipped(skipped: list[Skipped], *sides: Iterable[str]) -> set[str]:

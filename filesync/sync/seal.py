@@ -17,6 +17,21 @@ nothing written to the state since (every write drops the seal), has the inputs 
 sealed pass had: its decisions would be the same, nothing to do. So it reads neither
 the state's tables nor the remote listing's rows and plans nothing.
 
+A pass that changed only the remote seals the pair as it left it (``seal_for``), so the
+first pass after a push is as cheap as any later one. It does so only when carrying out
+its plan leaves every path quiet on all three sides:
+
+- every path was quiet or had an action (``Planned.all_acted``), every action was an
+  upload, a remote deletion or a forgotten ancestor (none touches the host tree), and
+  every one succeeded (``clean``); the host-side conditions above hold as well;
+- the remote is exactly as its listing plus those uploads and deletions: its helper
+  walks it again after them and compares every row (``Endpoint.seal_digest``), and the
+  seal's remote digest is that of the listing a new helper would send of that walk.
+
+Then a later pass matching the seal has the host this pass walked, the remote as this
+pass left it, and the state this pass wrote: the inputs of a pass that finds nothing to
+do. Any change on either side since breaks a digest, and the pass compares in full.
+
 The engine runs the seal as two named steps of a pass: ``check`` after the host's
 recovery and before the scan, ``seal_for`` once the pass is done.
 A file is taken as unchanged when its size, mtime, permission bits and inode are, as the
@@ -29,6 +44,7 @@ import json
 from dataclasses import dataclass
 
 from filesync.core.model import Listing
+from filesync.core.reconcile import Kind
 from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
 from filesync.sync.inputs import Options, PassInputs, Planned, Scans
@@ -76,17 +92,34 @@ async def check(inputs: PassInputs, walk: Walk | None) -> Sealed | Listing | Non
     return Sealed(seal.excluded)
 
 
-def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool) -> Seal | None:
+#: The actions that leave the host tree as it was walked.
+REMOTE_ONLY = frozenset({Kind.UPLOAD, Kind.DELETE_REMOTE, Kind.FORGET})
+
+
+async def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool, *,
+                   whole_plan: bool = True) -> Seal | None:
     """The seal a finished pass leaves, or None when it may not leave one (see the module
-    doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open."""
+    doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open;
+    ``whole_plan``: it carried out every action its plan had (none was filtered out)."""
     opts, host, remote = inputs.opts, scans.local.listing, scans.remote
-    if not (clean and planned.in_sync and may_use(inputs) and not opts.dry_run
-            and host.digest and remote.digest and host.entries):
+    if not (clean and may_use(inputs) and not opts.dry_run and host.digest and host.entries):
+        return None
+    if planned.in_sync:
+        remote_digest = remote.digest
+    elif whole_plan and planned.all_acted and all(a.kind in REMOTE_ONLY and a.then is None
+                                   for a in planned.actions):
+        remote_digest = None
+    else:
         return None
     newest = max(e.mtime_ns for e in host.entries.values())
     if newest >= scans.local.started_ns - RACY_NS:
         return None
-    return Seal(fingerprint(opts), host.digest, remote.digest, scans.excluded)
+    if remote_digest is None:
+        # Asked last: the helper walks the whole remote tree again.
+        remote_digest = await inputs.endpoint.seal_digest(inputs.remote_root, opts.rule)
+    if not remote_digest:
+        return None
+    return Seal(fingerprint(opts), host.digest, remote_digest, scans.excluded)
 
 
-__all__ = ["Sealed", "check", "fingerprint", "may_use", "seal_for"]
+__all__ = ["REMOTE_ONLY", "Sealed", "check", "fingerprint", "may_use", "seal_for"]

@@ -9,9 +9,9 @@ A directory created here gets ``0o777`` less the umask: the process's, or the ``
 the caller gives (then exactly, whatever the process's is: the agent runs each client's
 command with the client's umask, never changing its own).
 
-Durability is paid per batch, not per file (``Batch``): the files of a batch are written
-(each one's writeback started as soon as it is whole), then each is fsynced (several at
-once, ``SYNC_THREADS``), then each is renamed, then each directory that received one is
+Durability is paid per batch, not per file (``Batch``): the files of a batch are written,
+then each one's writeback is started and each is fsynced (several at once,
+``SYNC_THREADS``), then each is renamed, then each directory that received one is
 fsynced once. So after a crash every file holds its old or its new content, and a file is
 reported written only once its data and its name are on disk.
 """
@@ -239,6 +239,8 @@ class TempFile:
         self.error = error
         self.pfd = -1
         self.fd = -1
+        #: once placed: the file's listing row, as a walk would list it now
+        self.listed: list[Any] | None = None
         if error:
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -268,8 +270,8 @@ class TempFile:
             self.abort()
 
     def prepare(self, mode: int, mtime_ns: int) -> list[Any] | None:
-        """Give the whole temp file its mode and mtime and start its writeback; the error
-        row if that (or anything before) failed, else None (``commit`` comes later)."""
+        """Give the whole temp file its mode and mtime; the error row if that (or anything
+        before) failed, else None (``Batch.flush`` commits it later)."""
         if self.error:
             self.abort()
             return [self.rel, Status.ERROR, *self.error]
@@ -279,12 +281,15 @@ class TempFile:
         except OSError as exc:
             self.abort()
             return [self.rel, Status.ERROR, *reason_of(exc)]
-        start_writeback(self.fd)
         return None
+
+    def start_writeback(self) -> None:
+        """Start the writeback of the written file (``start_writeback``)."""
+        start_writeback(self.fd)
 
     def sync(self) -> list[Any] | None:
         """Flush the data (before any rename: a power loss never leaves a replaced file
-        empty or torn; the writeback ``prepare`` started makes this cheap); the error row,
+        empty or torn; the writeback ``start_writeback`` began makes this cheap); the error row,
         or None."""
         try:
             os.fsync(self.fd)
@@ -311,6 +316,8 @@ class TempFile:
             self.abort()
             return [self.rel, Status.ERROR, *reason_of(exc)]
         self._close()
+        self.listed = [self.rel, "f", st.st_size, st.st_mtime_ns, st.st_mode & 0o7777,
+                       st.st_ino, st.st_nlink]
         return [self.rel, Status.OK, st.st_size, st.st_mtime_ns]
 
     def abort(self) -> None:
@@ -409,6 +416,8 @@ class Batch:
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
+        #: the listing rows of the files placed so far (``TempFile.listed``)
+        self.placed: list[list[Any]] = []
         self.pending: list[tuple[int, TempFile, list[int] | None]] = []
         #: a descriptor of its own per directory of the pending files (the ``Dirs``
         #: cache closes its own as the request moves on)
@@ -444,7 +453,12 @@ class Batch:
         """Commit the pending files: data, then names, then directories."""
         pending, self.pending = self.pending, []
         synced = []
-        rows = each_at_once(TempFile.sync, [sink for _, sink, _ in pending])
+        sinks = [sink for _, sink, _ in pending]
+        # Every file's writeback is under way before the first fsync waits, so that the
+        # fsyncs share journal commits; started here, in the threads, it costs the
+        # receiving thread nothing per file (docs/benchmarks.md).
+        each_at_once(TempFile.start_writeback, sinks)
+        rows = each_at_once(TempFile.sync, sinks)
         for (index, sink, expect), row in zip(pending, rows, strict=True):
             if row is None:
                 synced.append((index, sink, expect))
@@ -452,6 +466,8 @@ class Batch:
                 self.rows[index] = row
         for index, sink, expect in synced:
             self.rows[index] = sink.place(expect)
+            if sink.listed is not None:
+                self.placed.append(sink.listed)
         dirs, self.dirs = self.dirs, {}
         for fd in dirs.values():
             fsync_dir(fd)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import select
 import stat
 import sys
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from filesync.tree.bounded import Bounded
 from filesync.tree.channel import Channel
@@ -28,6 +29,7 @@ from filesync.tree.wire import (
     CHUNK,
     END_OK,
     PROTOCOL,
+    ROW_PATH,
     BadRequest,
     Op,
     Reason,
@@ -35,10 +37,17 @@ from filesync.tree.wire import (
     decode_json,
     file_header,
     is_count,
+    json_payload,
+    listing_digest,
     reason_of,
     reason_text,
     split_whole,
 )
+
+#: The generation of a helper's first listing (``Server.generation`` counts from 0).
+FIRST_GENERATION = 1
+#: A listing row's path (``wire.ROW_PATH``), as a C-level getter.
+ROW_KEY = operator.itemgetter(ROW_PATH)
 
 #: How many (root, rule) listings one helper remembers for delta replies.
 MAX_REMEMBERED = 4
@@ -47,14 +56,35 @@ MAX_WAIT = 300.0
 MAX_SETTLE = 1.0
 
 
+class Remembered(NamedTuple):
+    """A listing as sent, generation ``gen``: the base of the next delta, and what
+    ``op_seal`` compares a walk against."""
+
+    gen: int
+    rows: dict[str, list[Any]]
+    skipped: list[list[str]]
+    excluded: int
+
+
+def listing_reply(root: str, entries: list[list[Any]], skipped: list[list[str]],
+                  excluded: int) -> dict[str, Any]:
+    """The reply to a listing of an existing directory, before its generation: one
+    builder, so that ``op_seal`` digests the bytes ``op_list`` would send."""
+    return {"root": root, "exists": True, "is_dir": True, "entries": entries,
+            "skipped": skipped, "excluded": excluded}
+
+
 class Server:
     """Answers list/fetch/send/delete requests for one root."""
 
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
         self.counter = 0
-        #: listings remembered for delta replies: key -> (generation, rel -> row)
-        self.listings: Bounded[str, tuple[int, dict[str, list[Any]]]] = Bounded(MAX_REMEMBERED)
+        #: listings remembered for delta replies and seals: key -> ``Remembered``
+        self.listings: Bounded[str, Remembered] = Bounded(MAX_REMEMBERED)
+        #: per root, what ``send`` and ``delete`` made of each path since its last
+        #: listing: its new row, or None for gone (``op_seal``)
+        self.written: dict[str, dict[str, list[Any] | None]] = {}
         #: Trees kept current by inotify (``"watch": true``), with the generation sent last.
         self.watched: Bounded[str, tuple[int, WatchedTree]] = Bounded(
             MAX_REMEMBERED, lambda held: held[1].close())
@@ -90,6 +120,8 @@ class Server:
         reply: dict[str, Any] = {"root": root, "exists": os.path.lexists(root)}
         reply["is_dir"] = os.path.isdir(root)
         stall_point("list")
+        # The walk below sees everything written so far: ``op_seal`` counts from here.
+        self.written.pop(root, None)
         key = json.dumps([root, req["names"], req["rules"]])
         remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
@@ -98,25 +130,61 @@ class Server:
         if reply["is_dir"]:
             matcher = Matcher(req["names"], req["rules"])
             entries, skipped, excluded = walk(root, matcher)
-            reply.update(entries=entries, skipped=skipped, excluded=excluded)
+            reply = listing_reply(root, entries, skipped, excluded)
             if req.get("delta") is True:
                 since = req.get("since")
                 rows: dict[str, list[Any]] | None = None
-                if remembered is not None and since == remembered[0] and is_count(since):
-                    before = remembered[1]
+                if remembered is not None and since == remembered.gen and is_count(since):
+                    before = remembered.rows
                     rows = {row[0]: row for row in entries}
                     reply["entries"] = [row for row in entries if before.get(row[0]) != row]
                     reply["removed"] = [rel for rel in before if rel not in rows]
                     reply["base"] = since
-                self.generation += 1
+                self.generation += 1  # a new helper's first listing: ``FIRST_GENERATION``
                 reply["gen"] = self.generation
                 self.chan.send_json(reply, b"Z")
                 # Remembered after the reply went out: a first listing is not delayed.
                 if rows is None:
                     rows = {row[0]: row for row in entries}
-                self.listings.put(key, (self.generation, rows))
+                self.listings.put(key, Remembered(self.generation, rows, skipped, excluded))
                 return
+        elif not reply["exists"] and req.get("delta") is True:
+            # Remembered as empty: a send that creates the root can still be sealed
+            # (``op_seal``), and the next listing is a delta against nothing.
+            self.generation += 1
+            reply["gen"] = self.generation
+            self.chan.send_json(reply, b"Z")
+            self.listings.put(key, Remembered(self.generation, {}, [], 0))
+            return
         self.chan.send_json(reply, b"Z")
+
+    def op_seal(self, req: dict[str, Any]) -> None:
+        """The digest a fresh helper's first listing of the root would have, if a walk
+        now finds the root exactly as listing ``since`` left it plus what this helper
+        wrote and deleted there since (``self.written``): every row, skip and exclusion
+        count equal. Else ``""``. Nothing is remembered and no generation is used: the
+        client's delta base stays that listing."""
+        root = self.resolve(req["root"])
+        key = json.dumps([root, req["names"], req["rules"]])
+        remembered = self.listings.get(key)
+        digest = ""
+        if remembered is not None and req.get("since") == remembered.gen \
+                and os.path.isdir(root):
+            expect = dict(remembered.rows)
+            for rel, row in self.written.get(root, {}).items():
+                if row is None:
+                    expect.pop(rel, None)
+                else:
+                    expect[rel] = row
+            entries, skipped, excluded = walk(root, Matcher(req["names"], req["rules"]))
+            # Compared in C-level passes over the rows: no per-row Python frame.
+            if excluded == remembered.excluded and skipped == remembered.skipped \
+                    and len(entries) == len(expect) \
+                    and all(map(operator.eq, entries, map(expect.get, map(ROW_KEY, entries)))):
+                reply = listing_reply(root, entries, skipped, excluded)
+                reply["gen"] = FIRST_GENERATION
+                digest = listing_digest(b"Z", json_payload(reply, b"Z"))
+        self.chan.send_json({"digest": digest})
 
     def _list_watched(self, key: str, root: str, req: dict[str, Any],
                       reply: dict[str, Any]) -> bool:
@@ -267,6 +335,7 @@ class Server:
             dirs.close()
             if rfd >= 0:
                 os.close(rfd)
+            self._wrote(req["root"], {row[0]: row for row in batch.placed})
         self.chan.send_json({"results": results}, b"Z")
 
     def _receive_whole(self, batch: Batch, dirs: Dirs, head: dict[str, Any], data: memoryview,
@@ -321,7 +390,13 @@ class Server:
                 results.append(delete_file(rfd, rel, [size, mtime_ns]))
         finally:
             os.close(rfd)
+            self._wrote(req["root"], {row[0]: None for row in results if row[1] == Status.OK})
         self.chan.send_json({"results": results}, b"Z")
+
+    def _wrote(self, root: str, rows: dict[str, list[Any] | None]) -> None:
+        """Note what a send or delete made of ``rows``' paths under ``root``."""
+        if rows:
+            self.written.setdefault(self.resolve(root), {}).update(rows)
 
 
 def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
@@ -337,6 +412,7 @@ def serve(inp: IO[bytes], out: IO[bytes], watchdog: bool = False) -> None:
         Op.DELETE.value: server.op_delete,
         Op.WAIT.value: server.op_wait,
         Op.EXISTS.value: server.op_exists,
+        Op.SEAL.value: server.op_seal,
     }
     chan.send_json(server.hello())
     if dog is not None:  # after the hello: a client that saw the thread saw the hello

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import hashlib
 import json
 import struct
 import zlib
@@ -210,6 +211,14 @@ def json_payload(obj: dict[str, Any], kind: bytes = b"J") -> bytes:
     return zlib.compress(data, Z_LEVEL) if kind == b"Z" else data
 
 
+def listing_digest(kind: bytes, payload: bytes) -> str:
+    """The digest of a listing reply frame, as the client and the helper both take it (a
+    ``Seal`` holds it): the helper has only the standard library, hence BLAKE2b."""
+    h = hashlib.blake2b(kind, digest_size=16)
+    h.update(payload)
+    return h.hexdigest()
+
+
 class Gather:
     """Frames gathered into writes of about ``FLUSH_AT`` bytes; data of ``DIRECT`` bytes
     or more goes straight through (no copy). Each ``add`` returns the writes due now, in
@@ -279,6 +288,11 @@ class Op(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.
     #: ``{"paths": [absolute, ...]}``: ``{"found": bool}``, whether any of them exists
     #: (symlinks followed); the self-sync check's probe
     EXISTS = "exists"
+    #: ``{"root", "names", "rules", "since": gen}``: ``{"digest": str}``, the
+    #: ``listing_digest`` of the listing a fresh helper would send first for that root and
+    #: rule, if the root is exactly as listing ``since`` left it plus what this helper
+    #: wrote and deleted under it since; ``""`` if not, or if it cannot tell
+    SEAL = "seal"
 
 
 class Status(str, enum.Enum):  # noqa: UP042 (the remote may run a python3 before 3.11)

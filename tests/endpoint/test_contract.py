@@ -413,6 +413,32 @@ async def test_list_tree_unless_skips_only_a_listing_equal_to_the_known_one(
     assert again is not None and view(again) == view(changed)
 
 
+async def test_seal_digest_is_a_new_sessions_listing_only_of_the_root_as_left(
+    remote: Remote,
+) -> None:
+    """After a listing, a send and a delete, ``seal_digest`` is the digest a new
+    session's listing has; anything else changed since that listing gives ``""``."""
+    root = remote.path
+    write(root / "a.txt", "a\n")
+    write(root / "d" / "b.txt", "bb\n")
+    await remote.endpoint.list_tree(remote.root, RULE)
+    await remote.endpoint.send(remote.root, [item("d/new.txt", b"new\n")])
+    gone = (await remote.endpoint.list_tree(remote.root, RULE)).entries["a.txt"]
+    await remote.endpoint.send(remote.root, [item("e/f.txt", b"f\n")])
+    await remote.endpoint.delete(remote.root, [gone])
+    digest = await remote.endpoint.seal_digest(remote.root, RULE)
+    if remote.kind == "posix":  # takes no digests
+        assert digest == ""
+        return
+    other = await start_endpoint(remote.kind, remote.conduit)
+    try:
+        assert digest and await other.list_tree_unless(remote.root, RULE, digest) is None
+    finally:
+        await other.close()
+    write(root / "d" / "b.txt", "changed by someone else\n")
+    assert await remote.endpoint.seal_digest(remote.root, RULE) == ""
+
+
 # --------------------------------------------------------------------------- fetch
 
 

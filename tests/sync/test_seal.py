@@ -17,8 +17,9 @@ from synctree import snapshot, write
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
+from filesync.endpoint.helper import HelperEndpoint
 from filesync.host.scan import DIGEST_ROWS, walk_digest
-from filesync.host.state import PairState
+from filesync.host.state import PairState, Seal
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
@@ -56,6 +57,13 @@ class Pair:
     def sealed(self) -> bool:
         return SEALED in self.logs
 
+    def seal(self) -> Seal | None:
+        state = self.pair_state()
+        try:
+            return state.seal()
+        finally:
+            state.close()
+
     def pair_state(self) -> PairState:
         (pair_dir,) = (self.state / "pairs").iterdir()
         state = PairState(pair_dir)
@@ -63,8 +71,9 @@ class Pair:
         return state
 
 
-def old(path: Path, ns: int = OLD_NS) -> None:
+def old(path: Path, ns: int = OLD_NS) -> Path:
     os.utime(path, ns=(ns, ns))
+    return path
 
 
 @pytest.fixture
@@ -77,16 +86,14 @@ def pair(tmp_path: Path) -> Pair:
 
 
 def sealed_pair(pair: Pair) -> Pair:
-    pair.run()  # the first push
-    quiet = pair.run()  # finds everything in sync: seals
-    assert not pair.sealed and quiet.uploaded == 0
+    first = pair.run()  # the first push seals the pair as it left it
+    assert not pair.sealed and first.uploaded == 3
+    assert pair.seal() is not None
     return pair
 
 
-def test_a_pass_on_the_sealed_listings_reads_and_plans_nothing(
-    pair: Pair, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    full = sealed_pair(pair).run()  # nothing changed since the sealing pass: not sealed yet
+def count_ancestor_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets an item each time a pass reads the state's ancestors."""
     read: list[str] = []
     real_ancestors = PairState.ancestors
 
@@ -95,6 +102,25 @@ def test_a_pass_on_the_sealed_listings_reads_and_plans_nothing(
         return real_ancestors(self)
 
     monkeypatch.setattr(PairState, "ancestors", ancestors)
+    return read
+
+
+def drop_seal(pair: Pair) -> None:
+    state = pair.pair_state()
+    try:
+        _empty_transaction(state)  # every write drops it
+        assert state.seal() is None
+    finally:
+        state.close()
+
+
+def test_a_pass_on_the_sealed_listings_reads_and_plans_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_seal(sealed_pair(pair))
+    full = pair.run()  # a full pass: it finds the pair in sync and seals it again
+    assert not pair.sealed
+    read = count_ancestor_reads(monkeypatch)
     report = pair.run()
     assert pair.sealed and read == []
     assert report.to_json() == {**full.to_json(), "seconds": report.to_json()["seconds"]}
@@ -274,11 +300,62 @@ def test_watched_and_dry_passes_leave_no_seal(pair: Pair) -> None:
     pair.run()
     pair.run(dry_run=True)
     pair.run(warm=WarmState(watch=True))
-    state = pair.pair_state()
-    try:
-        assert state.seal() is None
-    finally:
-        state.close()
+    assert pair.seal() is None
+
+
+def test_a_push_seals_the_pair_as_its_transfers_left_it(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uploads and remote deletions seal: the next pass matches without a state read, and
+    a full compare of the same pair (its seal dropped) finds nothing to do either."""
+    sealed_pair(pair)
+    _host_edit(pair)
+    _host_new(pair)
+    _host_delete(pair)
+    report = pair.run()
+    assert (report.uploaded, report.deleted_remote) == (2, 1) and pair.seal() is not None
+    read = count_ancestor_reads(monkeypatch)
+    assert not pair.run().plan and pair.sealed and read == []
+    drop_seal(pair)
+    for direction in (Direction.PUSH, Direction.SYNC):
+        full = pair.run(direction, dry_run=True)
+        assert not pair.sealed and read and not full.plan
+
+
+def test_a_remote_change_during_the_push_leaves_no_seal(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written on the remote after the push listed it, by someone else: the helper's walk
+    for the seal finds a row the push did not write."""
+    real = HelperEndpoint.seal_digest
+
+    async def meddled(self: HelperEndpoint, root: str, rule: ExcludeRule) -> str:
+        old(write(pair.remote / "d" / "b.txt", "written during the push\n"), OLD_NS + 10**9)
+        return await real(self, root, rule)
+
+    monkeypatch.setattr(HelperEndpoint, "seal_digest", meddled)
+    assert pair.run().uploaded == 3 and pair.seal() is None
+    monkeypatch.undo()
+    report = pair.run(Direction.SYNC)
+    assert not pair.sealed and report.downloaded == 1
+    assert (pair.local / "d" / "b.txt").read_text() == "written during the push\n"
+
+
+def test_only_a_pass_that_acted_on_every_loud_path_and_only_remotely_seals(
+    pair: Pair
+) -> None:
+    sealed_pair(pair)
+    # New on the remote only: a push leaves it alone, so it is neither quiet nor acted on.
+    extra = old(write(pair.remote / "d" / "extra.txt", "only on the remote\n"))
+    report = pair.run()
+    assert not pair.sealed and not report.plan and pair.seal() is None
+    extra.unlink()
+    pair.run()  # a full pass finds all quiet now: sealed
+    assert pair.seal() is not None
+    _remote_edit(pair)  # brought to the host: the host tree is not as walked any more
+    report = pair.run(Direction.SYNC)
+    assert report.downloaded == 1 and pair.seal() is None
+    assert not pair.run(Direction.SYNC).plan and not pair.sealed
 
 
 def test_the_walk_digest_covers_every_field_of_every_row() -> None:
