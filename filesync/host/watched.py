@@ -47,6 +47,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import Series
 from filesync.core.model import Entry, Listing, Skipped, filter_unsafe
 from filesync.tree.bounded import Bounded
+from filesync.tree.dirfd import TEMP_PREFIX, is_temp_name
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import all_safe
 from filesync.tree.walk import list_dir, open_listed
@@ -170,6 +171,7 @@ class WatchedTree:
         self._written = 0
         self._seen: set[int] = set()
         self._inside = 0  # threads waiting on a watch now
+        self._settling = 0  # of which listings waiting for their cookie
         self._retired: list[Notify] = []
         self._followers: list[Callable[[], None]] = []
         self._pump: threading.Thread | None = None
@@ -273,12 +275,14 @@ class WatchedTree:
         self.walks += 1
         self.walked_at = time.monotonic()
         self.series = Series()
-        for _attempt in range(3):
+        for attempt in range(3):
             try:
                 self._place(kept_dirs(self.root, self.matcher))
                 placed = True
-            except FileNotFoundError:
-                placed = False  # a directory went between its listing and its watch
+            except FileNotFoundError:  # a directory went between its listing and its watch
+                placed = False
+                if attempt < 2:
+                    continue
             with self._state:
                 self._pending, self._changes = set(), 0
             self.entries, self.dirs, self.links, self.linked = {}, {}, {}, set()
@@ -412,6 +416,7 @@ class WatchedTree:
                 if notify is None or left <= 0:
                     return False
                 self._inside += 1
+                self._settling += 1
             try:
                 raw = notify.watch(50, 1, left, None)
             except Exception:  # the watcher's own error: it may have missed events
@@ -419,6 +424,7 @@ class WatchedTree:
             finally:
                 with self._state:
                     self._inside -= 1
+                    self._settling -= 1
             if not isinstance(raw, set):
                 # Timed out: watchfiles clears what came in as it gives up.
                 return False
@@ -441,11 +447,11 @@ class WatchedTree:
                     continue  # the walk after its replacement lists it anew
                 self._changes += 1
                 wanted |= self._record(change, path)
-            nudge = cookie and self._inside > 0
+            nudge = cookie and self._settling > 0
             self._close_retired()
             followers = list(self._followers) if wanted else []
             self._state.notify_all()
-        if nudge:  # another waiter may wait for the cookie just taken here
+        if nudge:  # a listing may still wait for the cookie just taken here
             self._nudge()
         for wake in followers:
             wake()
@@ -458,7 +464,9 @@ class WatchedTree:
         if not path.startswith(self._base):
             return False
         rel = path[len(self._base):].replace(os.sep, "/")
-        parent = rel.rpartition("/")[0]
+        parent, _, name = rel.rpartition("/")
+        if name.startswith(TEMP_PREFIX) and is_temp_name(name):
+            return False  # filesync's own staging, never listed; its rename is an event
         is_dir = change != DELETED and os.path.isdir(path) and not os.path.islink(path)
         pruned = self.matcher.matches(rel, is_dir)
         if is_dir and not pruned:

@@ -29,6 +29,7 @@ from filesync.host import watched
 from filesync.host.scan import list_local
 from filesync.host.watched import WatchedTree, WatchedTrees
 from filesync.host.watcher import HostWatcher
+from filesync.tree.dirfd import TEMP_PREFIX, is_temp_name
 
 RULE = ExcludeRule.build(["*.log"])
 DEADLINE = 60.0
@@ -249,6 +250,9 @@ def test_changes_the_rule_drops_wake_nobody(tmp_path: Path) -> None:
             assert not tree._record(modified, str(tmp_path / "a" / "scratch.log"))
             assert not tree._record(added, str(tmp_path / "a" / "node_modules"))
             assert not tree._record(modified, "/elsewhere/x")
+            staged = f"{TEMP_PREFIX}1.{time.time_ns()}.tmp"  # a pass's own staging
+            assert is_temp_name(staged)
+            assert not tree._record(added, str(tmp_path / "c" / staged))
             assert tree._pending == {"a/"}  # the pruned names still count as excluded
             assert tree._record(modified, str(tmp_path / "a" / "f0.txt"))
             assert tree._pending == {"a/"}
