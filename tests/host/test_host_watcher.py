@@ -6,25 +6,14 @@ the watch is placed anew later)."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from synctree import until
 
 from filesync.core.exclude import ExcludeRule
 from filesync.host.scan import list_local
 from filesync.host.watcher import HostWatcher
-
-DEADLINE = 60.0
-
-
-def until(what: Callable[[], bool], why: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not what():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting until {why}")
-        time.sleep(0.01)
 
 
 class Counter:
@@ -66,52 +55,36 @@ def test_excluded_trees_are_never_watched_and_new_dirs_are(tmp_path: Path) -> No
         w.stop()
 
 
+class AtTheLimit:
+    """watchfiles' native watcher at the inotify watch limit."""
+
+    def __init__(self, *args: object) -> None:
+        raise OSError("OS file watch limit reached.")
+
+
+@pytest.mark.parametrize("when", ["at the start", "placed anew later"])
 def test_a_failing_native_watcher_falls_back_to_polling_said_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
     import watchfiles._rust_notify as rust
-
-    class AtTheLimit:
-        def __init__(self, *args: object) -> None:
-            raise OSError("OS file watch limit reached.")
-
-    monkeypatch.setattr(rust, "RustNotify", AtTheLimit)
-    monkeypatch.setattr("filesync.host.watcher.POLL", 0.05)
-    said: list[str] = []
-    changes = Counter()
-    w = HostWatcher([(tmp_path, ExcludeRule.build([]))], changes, said.append)
-    w.start()
-    try:
-        until(lambda: changes.n >= 3, "polls ask for passes")
-    finally:
-        w.stop()
-    assert w.polling
-    assert len(said) == 1 and "watch limit" in said[0] and "polling" in said[0]
-
-
-def test_a_watch_that_cannot_be_placed_anew_falls_back_to_polling_said_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import watchfiles._rust_notify as rust
-
-    class AtTheLimit:
-        def __init__(self, *args: object) -> None:
-            raise OSError("OS file watch limit reached.")
 
     _tree(tmp_path)
     rule = ExcludeRule.build([])
     monkeypatch.setattr("filesync.host.watcher.POLL", 0.05)
+    if when == "at the start":
+        monkeypatch.setattr(rust, "RustNotify", AtTheLimit)
     said: list[str] = []
     changes = Counter()
     w = HostWatcher([(tmp_path, rule)], changes, said.append)
     w.start()
     try:
-        assert not w.polling
-        monkeypatch.setattr(rust, "RustNotify", AtTheLimit)
-        (tmp_path / "docs" / "more").mkdir()
-        until(lambda: changes.n >= 1, "the new directory is reported")
-        listing = list_local(tmp_path, rule, w.trees)  # its watch cannot be placed
-        assert "src/a.py" in listing.entries  # walked instead
+        if when == "placed anew later":
+            assert not w.polling
+            monkeypatch.setattr(rust, "RustNotify", AtTheLimit)
+            (tmp_path / "docs" / "more").mkdir()
+            until(lambda: changes.n >= 1, "the new directory is reported")
+            listing = list_local(tmp_path, rule, w.trees)  # its watch cannot be placed
+            assert "src/a.py" in listing.entries  # walked instead
         until(lambda: w.polling, "the watcher polls")
         before = changes.n
         until(lambda: changes.n >= before + 3, "polls ask for passes")

@@ -13,14 +13,13 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synctree import write
+from synctree import until, write
 from treeops import OPS, apply_op, seed
 
 from filesync.core.exclude import ExcludeRule
@@ -32,15 +31,6 @@ from filesync.host.watcher import HostWatcher
 from filesync.tree.dirfd import TEMP_PREFIX, is_temp_name
 
 RULE = ExcludeRule.build(["*.log"])
-DEADLINE = 60.0
-
-
-def until(what: Callable[[], bool], why: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not what():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting until {why}")
-        time.sleep(0.01)
 
 
 def same(a: Listing, b: Listing) -> None:
