@@ -82,8 +82,7 @@ def start_notify(paths: list[str]) -> Notify:
     """A running watchfiles watch of ``paths``, each directory on its own."""
     from watchfiles._rust_notify import RustNotify
 
-    notify: Notify = RustNotify(paths, False, False, 0, False, True)
-    return notify
+    return RustNotify(paths, False, False, 0, False, True)
 
 
 def all_local(root: str) -> bool:
@@ -349,7 +348,7 @@ class WatchedTree:
             notify = start_notify([*sorted(dirs), self._cookie_dir])
         except FileNotFoundError:
             raise
-        except Exception as exc:  # the watch limit, no watcher on this platform
+        except Exception as exc:  # the watch limit, no native watcher here
             raise CannotWatch(str(exc).splitlines()[0] if str(exc)
                               else type(exc).__name__) from exc
         with self._state:
@@ -482,7 +481,7 @@ class WatchedTree:
         self.why = why
         with self._state:
             followers = list(self._followers)
-        self._stop_watching()
+        self.close()
         for wake in followers:
             wake()
 
@@ -550,7 +549,8 @@ class WatchedTree:
         with self._state:
             self._state.wait_for(lambda: self.notify is not broken or not self._followers)
 
-    def _stop_watching(self) -> None:
+    def close(self) -> None:
+        """End the watch and the followers' thread."""
         with self._state:
             self._followers = []
             pump = self._pump
@@ -567,9 +567,6 @@ class WatchedTree:
         if self._cookie_dir:
             shutil.rmtree(self._cookie_dir, ignore_errors=True)
 
-    def close(self) -> None:
-        """End the watch (and the followers' thread)."""
-        self._stop_watching()
 
 
 class WatchedTrees:
