@@ -575,8 +575,9 @@ class WatchedTrees:
     list from worker threads."""
 
     def __init__(self, max_trees: int = MAX_WATCHED) -> None:
+        # A tree pushed out while a loop follows it: the loop polls it from then on.
         self._trees: Bounded[tuple[str, str], WatchedTree | None] = Bounded(
-            max_trees, lambda old: old.close() if old is not None else None)
+            max_trees, lambda old: old._fail("too many trees watched") if old else None)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ from synctree import until
 
 from filesync.core.exclude import ExcludeRule
 from filesync.host.scan import list_local
+from filesync.host.watched import WatchedTrees
 from filesync.host.watcher import HostWatcher
 
 
@@ -91,3 +92,27 @@ def test_a_failing_native_watcher_falls_back_to_polling_said_once(
     finally:
         w.stop()
     assert len(said) == 1 and "watch limit" in said[0] and "polling" in said[0]
+
+
+def test_a_tree_pushed_out_of_the_owners_watches_is_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setattr("filesync.host.watcher.POLL", 0.05)
+    trees = WatchedTrees(max_trees=1)
+    said: list[str] = []
+    changes = Counter()
+    w = HostWatcher([(tmp_path / "a", ExcludeRule.build([]))], changes, said.append,
+                    trees=trees)
+    w.start()
+    try:
+        assert not w.polling
+        list_local(tmp_path / "b", ExcludeRule.build([]), trees)  # a second tree
+        until(lambda: w.polling, "the watcher polls the tree it lost")
+        before = changes.n
+        until(lambda: changes.n >= before + 3, "polls ask for passes")
+    finally:
+        w.stop()
+        trees.close()
+    assert len(said) == 1 and "too many trees" in said[0]
