@@ -6,11 +6,23 @@ import contextlib
 import io
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filesync.cli.main import main
+
+
+def until(what: Callable[[], bool], why: str, deadline: float = 60.0) -> None:
+    """Wait for a condition another thread brings about (never a timed assertion: the
+    deadline only ends a test that hangs)."""
+    end = time.monotonic() + deadline
+    while not what():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting until {why}")
+        time.sleep(0.01)
 
 
 def write(path: Path, data: str | bytes, mode: int | None = None) -> Path:

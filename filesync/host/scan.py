@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import errno
-import json
 import marshal
 import os
 import stat
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
@@ -18,12 +16,9 @@ from typing import cast
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.lineage import Series
 from filesync.core.model import Entry, Listing, Skipped, filter_unsafe
-from filesync.tree.bounded import Bounded
-from filesync.tree.paths import all_safe
+from filesync.host.watched import WatchedTrees
 from filesync.tree.walk import walk
-from filesync.tree.watch import WatchedTree
 from filesync.tree.wire import parse_reason
 
 CHUNK = 1 << 20
@@ -127,87 +122,6 @@ def walk_digest(rows: list[list[object]], skipped: list[list[str]], excluded: in
 
 #: Rows per piece of ``walk_digest``'s encoding (~300 KB).
 DIGEST_ROWS = 4096
-
-
-class _Watched:
-    """A host tree kept current by ``helper.WatchedTree``, with its entries as built last
-    (a refresh rebuilds only the changed ones). One lock: fan-out passes share it."""
-
-    def __init__(self, tree: WatchedTree) -> None:
-        self.tree = tree
-        self.entries: dict[str, Entry] = {}
-        #: every name in ``entries`` passes the path-safety rule (kept per refresh)
-        self.safe = False
-        self.lock = threading.Lock()
-        self.failed = False
-        #: the paths each refresh changed (``filesync.core.lineage``); new at a full walk
-        self.series = Series()
-
-    def listing(self) -> Listing | None:
-        """A fresh listing, or None when watching failed (the caller walks instead)."""
-        with self.lock:
-            if self.failed:
-                return None
-            try:
-                rows, skipped, excluded, delta = self.tree.refresh()
-            except OSError:
-                self.tree.close()
-                self.failed = True
-                return None
-            if delta is None:
-                self.entries = {r[0]: Entry(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
-                self.safe = all_safe(self.entries.keys())
-                self.series = Series()
-            else:
-                changed, removed = delta
-                for rel in removed:
-                    self.entries.pop(rel, None)
-                for r in changed:
-                    self.entries[r[0]] = Entry(r[0], r[1], r[2], r[3], r[4], r[5])
-                # Only the names that came in can break a tree that was all safe.
-                self.safe = self.safe and all_safe([r[0] for r in changed])
-                self.series.advance([*removed, *(r[0] for r in changed)])
-            listing = Listing(self.tree.root, True, excluded=excluded,
-                              lineage=self.series.now())
-            listing.entries = dict(self.entries)
-            listing.skipped = [Skipped.of(p, parse_reason(c), d) for p, c, d in skipped]
-            if not self.safe:
-                filter_unsafe(listing)
-            return listing
-
-
-#: Watched host trees one owner keeps; the oldest are closed beyond it.
-MAX_WATCHED = 8
-
-
-class WatchedTrees:
-    """The host trees one owner (``filesync.sync.warm.WarmState``) keeps watched between
-    its passes, by (root, rule); ``close`` ends every watch. Thread-safe: fan-out passes
-    list from worker threads."""
-
-    def __init__(self, max_trees: int = MAX_WATCHED) -> None:
-        self._trees: Bounded[tuple[str, str], _Watched | None] = Bounded(
-            max_trees, lambda old: old.tree.close() if old is not None else None)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._trees)
-
-    def get(self, root: Path, rule: ExcludeRule) -> _Watched | None:
-        """The tree of ``root`` under ``rule``, watched from now on (None where it
-        cannot be watched: the caller walks)."""
-        key = (str(root), json.dumps(rule.wire(), sort_keys=True))
-        with self._lock:
-            if key not in self._trees:
-                tree = WatchedTree.create(str(root), rule.matcher())
-                self._trees.put(key, _Watched(tree) if tree is not None else None)
-            return self._trees.get(key)
-
-    def close(self) -> None:
-        with self._lock:
-            for watched in self._trees.drain():
-                if watched is not None:
-                    watched.tree.close()
 
 
 def scan_cached(

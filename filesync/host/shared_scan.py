@@ -37,12 +37,12 @@ from filesync.host.scan import (
     CHUNK,
     HashingReader,
     LocalScan,
-    WatchedTrees,
     hash_needed,
     list_local,
     new_hasher,
     open_regular,
 )
+from filesync.host.watched import WatchedTrees
 
 #: A file's stat as the walk saw it: size, mtime_ns, inode.
 Stat = tuple[int, int, int]

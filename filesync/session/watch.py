@@ -8,12 +8,13 @@ Guarantees:
   journal keeps an interrupted pass whole, the safety guards apply), serialized with
   the session's other calls; ``watch`` returns once the first pass is done and both
   sides are watched;
-- a change on either side leads to a pass: on the host through ``HostWatcher``
-  (watchfiles, excluded trees never watched), on the remote through the helper's
-  ``wait`` (``filesync.endpoint.wait``); a change made during a pass leads to one more.
-  A burst of writes settles before the pass starts (``step_ms`` quiet on the host,
-  ``SETTLE`` on the remote); a file still being written when a pass reads it is either
-  caught by the torn-read checks or sent again by the pass its next write causes;
+- a change on either side leads to a pass: on the host through ``HostWatcher`` (the
+  watches of the session's watched host trees, excluded trees never watched), on the
+  remote through the helper's ``wait`` (``filesync.endpoint.wait``); a change made during
+  a pass leads to one more. A burst of writes settles before the pass starts (quiet for
+  ``filesync.host.watched.STEP_MS`` on the host, ``SETTLE`` on the remote); a file still
+  being written when a pass reads it is either caught by the torn-read checks or sent
+  again by the pass its next write causes;
 - where a side cannot be watched (no native watcher, the watch limit, the POSIX
   fallback) the loop polls it with a pass every ``POLL`` seconds, said once through the
   session's ``log``; nothing is left unwatched silently;
@@ -45,6 +46,7 @@ from filesync.host.watcher import HostWatcher
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes
 from filesync.sync.engine import Report
+from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
 
 #: The longest one ``wait`` on the helper lasts before it is asked again (seconds).
@@ -77,6 +79,8 @@ class WatchedSession(Protocol[R_co]):
     def _source(self) -> object: ...
     @property
     def _watches(self) -> list[Any]: ...
+    @property
+    def _warm(self) -> WarmState: ...
     def _serial(self) -> asyncio.Lock: ...
     async def _connection(self) -> Conduit: ...
     async def _endpoint(self, conduit: Conduit) -> Endpoint: ...
@@ -119,8 +123,11 @@ class WatchLoop(Generic[R]):
 
         await self._one_pass(retry=False)
         specs = await self._specs()
+        # The watches of the session's own watched listings wake the loop too: one
+        # watch per host tree.
         self.host = HostWatcher([(s.local_root, s.rule) for s in specs], host_changed,
-                                self._log, force_polling=self.force_polling)
+                                self._log, trees=self.session._warm.trees,
+                                force_polling=self.force_polling)
         await loop.run_in_executor(None, self.host.start)
         # Changes between the first pass and the watch: one more pass catches them.
         self._host_dirty = True

@@ -24,9 +24,10 @@ from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
 from filesync.endpoint.renamed import Rename
 from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
-from filesync.host.scan import LocalScan, WatchedTrees
+from filesync.host.scan import LocalScan
 from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState, default_state_dir
+from filesync.host.watched import WatchedTrees
 from filesync.sync.carry import Carry
 from filesync.sync.memo import PassMemo
 from filesync.sync.progress import Progress

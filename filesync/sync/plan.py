@@ -33,12 +33,12 @@ from filesync.host.scan import (
     RACY_NS,
     CacheRow,
     LocalScan,
-    WatchedTrees,
     hash_needed,
     list_local,
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
+from filesync.host.watched import WatchedTrees
 from filesync.sync import carry as carrying
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan

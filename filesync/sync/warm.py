@@ -19,8 +19,8 @@ Guarantees:
 from __future__ import annotations
 
 from filesync.endpoint.connect import Endpoints
-from filesync.host.scan import WatchedTrees
 from filesync.host.state import StatePool
+from filesync.host.watched import WatchedTrees
 from filesync.sync.memo import PassMemo, PassMemos
 
 

@@ -156,7 +156,8 @@ def test_watched_listings_filter_the_unsafe_names_that_came_in(tmp_path: Path) -
     # Each side's watched listing checks only the names a refresh brought in; a name
     # that fails the path-safety rule is still never an entry, on either side.
     from filesync.endpoint.connect import Endpoints
-    from filesync.host.scan import WatchedTrees, list_local
+    from filesync.host.scan import list_local
+    from filesync.host.watched import WatchedTrees
 
     root = tmp_path / "tree"
     write(root / "ok.txt", "ok\n")
