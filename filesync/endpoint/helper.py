@@ -344,13 +344,20 @@ class HelperEndpoint:
                     files.pop(rel, None) is None and odd.pop(rel, None) is None
                 ):
                     raise self._garbage("delta listing removes an unknown path")
+        # The base outlives the pass: a mode is one object for all its rows (a tree
+        # holds a handful of modes, the decoder makes one int per row), and a path
+        # already in the base keeps its key's string, not a second one.
+        modes: dict[int, int] = {}
         for row in entries:
             if not listing_row(row):
                 raise self._garbage("malformed listing entry")
             # The declared layout (``wire.ROW_PATH`` ... ``ROW_NLINK``), unpacked at once.
             rel, kind, size, mtime_ns, mode, ino, nlink = row
             if kind == FILE and nlink <= 1:
-                files[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
+                old = files.get(rel)
+                if old is not None:
+                    rel = old.path
+                files[rel] = Entry(rel, kind, size, mtime_ns, modes.setdefault(mode, mode), ino)
                 odd.pop(rel, None)
                 if came is not None:
                     came.append(rel)
