@@ -1,14 +1,18 @@
 """The helper client's delta base outlives every pass of a watch: its rows hold one
-object per distinct value where the decoder would make one per row, and a path keeps
-the string it was first listed with. Real helper, local transport."""
+object per distinct value where the decoder would make one per row, a path keeps the
+string it was first listed with, and the decoded rows are let go of as they are read.
+Real helper, local transport."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from synctree import write
 
+import filesync.endpoint.helper as helper
 from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.transport.local import local_conduit
@@ -36,3 +40,38 @@ async def test_a_kept_listing_shares_its_modes_and_path_strings(tmp_path: Path) 
     finally:
         await session.close()
         await conduit.close()
+
+
+async def test_each_decoded_row_is_let_go_of_once_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's list is out of the decoded reply before the next row is read, so the
+    entries made from the rows take up the rows' memory instead of new pages."""
+    for i in range(50):
+        write(tmp_path / "r" / f"f{i}.txt", f"file {i}\n")
+    replies: list[list[Any]] = []
+    left: list[int] = []  # rows still in the reply as each row is checked
+    decode, check = helper.decode_json, helper.listing_row
+
+    def decoding(kind: bytes, payload: bytes) -> dict[str, Any]:
+        obj = decode(kind, payload)
+        if isinstance(obj.get("entries"), list):
+            replies.append(obj["entries"])
+        return obj
+
+    def checking(row: object) -> bool:
+        left.append(sum(r is not None for r in replies[-1]))
+        return check(row)
+
+    monkeypatch.setattr(helper, "decode_json", decoding)
+    monkeypatch.setattr(helper, "listing_row", checking)
+    conduit = local_conduit()
+    session = await HelperEndpoint.start(conduit)
+    try:
+        listing = await session.list_tree(str(tmp_path / "r"),
+                                           ExcludeRule.build(default_excludes=False))
+    finally:
+        await session.close()
+        await conduit.close()
+    assert len(listing.entries) == 50
+    assert left == [49 - i for i in range(50)]
