@@ -14,7 +14,6 @@ from filesync.core.exclude import ExcludeRule
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.helper import HelperEndpoint, NoPython
 from filesync.endpoint.idle import IDLE_TIMEOUT, IdleConduit
-from filesync.endpoint.posix import PosixEndpoint
 from filesync.transport.base import Conduit
 
 
@@ -76,4 +75,7 @@ async def open_endpoint(
     except NoPython as exc:
         if log is not None:
             log(f"{exc.why}: using the POSIX fallback (sh, find, tar)")
+        # Imported here: most runs never fall back, and its modules (tarfile, decimal,
+        # secrets) would stay in every long watch's memory for nothing.
+        from filesync.endpoint.posix import PosixEndpoint
         return await PosixEndpoint.start(conduit)

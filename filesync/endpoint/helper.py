@@ -343,25 +343,43 @@ class HelperEndpoint:
                     files.pop(rel, None) is None and odd.pop(rel, None) is None
                 ):
                     raise self._garbage("delta listing removes an unknown path")
-        for row in entries:
+        # The base outlives the pass: a mode is one object for all its rows (a tree
+        # holds a handful of modes, the decoder makes one int per row), and a path
+        # already in the base keeps its key's string, not a second one.
+        modes: dict[int, int] = {}
+        # A delta's series names every row it brought in.
+        named: list[str] | None = [] if "base" in reply else None
+        for at, row in enumerate(entries):
+            # Each row list is dropped once read: the memory of rows read is taken up
+            # again by the entries made from them, instead of new pages that a long
+            # watch would hold on to after the rows are gone.
+            entries[at] = None
             if not listing_row(row):
                 raise self._garbage("malformed listing entry")
             # The declared layout (``wire.ROW_PATH`` ... ``ROW_NLINK``), unpacked at once.
             rel, kind, size, mtime_ns, mode, ino, nlink = row
+            del row
             if kind == FILE and nlink <= 1:
-                files[rel] = Entry(rel, kind, size, mtime_ns, mode, ino)
+                old = files.get(rel)
+                if old is not None:
+                    rel = old.path
+                if named is not None:
+                    named.append(rel)
+                files[rel] = Entry(rel, kind, size, mtime_ns, modes.setdefault(mode, mode), ino)
                 odd.pop(rel, None)
                 if came is not None:
                     came.append(rel)
                 continue
             odd[rel] = Skipped.of(rel, Reason.NOT_REGULAR if kind != FILE else Reason.HARD_LINK)
             files.pop(rel, None)
+            if named is not None:
+                named.append(rel)
         # Unsafe names stay in the base (a later delta may remove them) and are filtered
         # from the listing handed out; a delta to a base that was all safe only needs
         # the names it brought in checked.
         safe = all_safe(came) if came is not None else all_safe(files.keys())
-        if "base" in reply:
-            series.advance([*reply["removed"], *(row[0] for row in entries)])
+        if named is not None:
+            series.advance([*reply["removed"], *named])
         listing.lineage = series.now()
         gen = reply.get("gen")
         if type(gen) is int and gen >= 0:

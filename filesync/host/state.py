@@ -308,6 +308,10 @@ class PairState:
             db, pooled = self.db, self._mem
             self.db = self._mem = None
             if self._pool is not None and pooled is not None and not db.in_transaction:
+                # An idle connection keeps no page cache (up to 2 MB of a large pair's
+                # pages): the next pass reads what it needs again.
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("PRAGMA shrink_memory")
                 self._pool.give_back(pooled)
             else:
                 db.close()

@@ -12,10 +12,11 @@ they changed. Three planning results are functions of each path's own inputs alo
 
 so the next pass takes them over for every path whose inputs did not change, and runs
 the same rules on the rest: the paths the three series name since the carried pass, and
-the cache misses (read again every pass). It also carries the remote files outside
-``same`` and the paths that were not quiet, so that it reconciles those without sweeping
-the whole tree to find them. A single edit on a 100k-file tree then costs a pass in
-proportion to the edit, not to the tree.
+the cache misses (read again every pass). ``same`` and ``quiet`` are carried as what they
+leave out, the remote files outside ``same`` and the paths that were not quiet: an idle
+tree's carried sets are then empty, and the pass reconciles those paths without sweeping
+the whole tree to find them. It makes the two sets again from these with one set
+difference each (in C); every rule runs in proportion to the edit, not to the tree.
 
 Guarantees:
 
@@ -27,13 +28,13 @@ Guarantees:
 - the results are the full computation's (``tests/sync/test_carry.py`` holds the two to
   it over random changes on all three sides);
 - only the results are kept, never copies of the inputs (``sync.memo`` keeps those for
-  the passes that have no lineages).
+  the passes that have no lineages), and of ``same`` and ``quiet`` only what they leave
+  out.
 """
 
 from __future__ import annotations
 
 from filesync.core.lineage import Lineage
-from filesync.host.scan import CacheRow
 from filesync.sync.memo import Carried, PassMemo
 
 
@@ -52,16 +53,15 @@ class Carry:
         self.carried = carried
         #: the paths the series name since the carried pass (None: everything)
         self.recompute: set[str] = changed if changed is not None else set()
-        self._scan: tuple[dict[str, str], dict[str, CacheRow], frozenset[str]] | None = None
+        #: the cache misses of the stat-cache lookup
+        self._scan: frozenset[str] | None = None
         self._remote: tuple[set[str], set[str]] | None = None
         self._plan: tuple[set[str], set[str]] | None = None
 
-    def scanned(self, hashes: dict[str, str], rows: dict[str, CacheRow],
-                misses: list[str]) -> None:
-        """The stat-cache lookup, before any miss is read (the dicts are the pass's own,
-        kept as the pass leaves them). The misses are read again this pass: their
-        results are recomputed."""
-        self._scan = (hashes, rows, frozenset(misses))
+    def scanned(self, misses: list[str]) -> None:
+        """The stat-cache lookup's misses, before any is read: read again this pass,
+        their results are recomputed, and the next pass recomputes them too."""
+        self._scan = frozenset(misses)
         self.recompute.update(misses)
 
     def compared(self, same: set[str], rest: set[str]) -> None:
@@ -79,9 +79,8 @@ class Carry:
         """The pass is over: carry what it found to the next."""
         if self._scan is None or self._remote is None or self._plan is None:
             return  # a pass that stopped early (sealed, refused) carries nothing
-        hits, rows, misses = self._scan
-        self.memo.carried = Carried(self.lineages, hits, rows, misses, *self._remote,
-                                    *self._plan)
+        self.memo.carried = Carried(self.lineages, self._scan, self._remote[1],
+                                    self._plan[1])
 
 
 def begin(memo: PassMemo | None, host: Lineage | None, remote: Lineage | None,

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from filesync.core.lineage import Lineage
-from filesync.host.scan import CacheRow
 from filesync.tree.bounded import Bounded
 
 #: Pairs remembered per owner (the agent serves a few, a fan-out one per remote).
@@ -51,21 +50,22 @@ class CachedScan:
 @dataclass(frozen=True, slots=True)
 class Carried:
     """What a pass found, with the lineages of the inputs it found it in (host listing,
-    remote listing, state). The next pass takes the sets and dicts over (``carry.begin`` takes
-    them out of the memo): they are updated in place, never copied."""
+    remote listing, state). The next pass takes the sets over (``carry.begin`` takes them
+    out of the memo): they are updated in place, never copied. Of a pair in sync, every
+    set is empty: nothing is kept per path."""
 
     lineages: tuple[Lineage, Lineage, Lineage]
-    #: the pass's host hashes and cache rows, as its transition left them: right for
-    #: every path but the misses (read afresh by each pass), which the next pass drops
-    hits: dict[str, str]
-    rows: dict[str, CacheRow]
+    #: the stat-cache lookup's misses, read afresh by each pass; its hits and rows are
+    #: not kept: they are the stat cache's rows, which the state keeps, but where a
+    #: path's inputs changed since (``plan._carried_scan`` makes them again)
     misses: frozenset[str]
-    same: set[str]
-    #: remote files not in ``same``
+    #: remote files not unchanged since their last transfer (not in ``same``)
     rest: set[str]
-    quiet: set[str]
     #: paths of the ancestors, host hashes or ``same`` that are not quiet
     loud: set[str]
+    # ``same`` and ``quiet`` themselves are not kept: each holds nearly every path of an
+    # idle tree (4 MB of set apiece at 100k files), and each is one set difference away,
+    # ``same`` the remote files outside ``rest``, ``quiet`` the ancestors outside ``loud``.
 
 
 class Kept(Generic[R]):

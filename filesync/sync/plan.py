@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from itertools import chain, filterfalse
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ from filesync.sync import carry as carrying
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
 from filesync.tree.wire import Reason
+
+#: A stat-cache row's hash (rows are ``(size, mtime_ns, ino, hash)``).
+_ROW_HASH = itemgetter(3)
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,12 @@ def _carried_scan(carry: carrying.Carry, listed: Listing,
         changed = {p: entries[p] for p in carry.recompute if p in entries}
         fresh = scan_cached(Listing(listed.root, True, changed), cache, started_ns) \
             if changed else LocalScan(listed)
-        scan = LocalScan(listed, kept.hits, kept.rows, [], started_ns)
+        # The last pass's hits are the stat cache's rows as the state holds them now,
+        # but where a path's inputs changed since (the state's series names every row
+        # it wrote): made again from the cache, so a watch keeps no copy of them.
+        rows = dict(cache)
+        hits = dict(zip(rows, map(_ROW_HASH, rows.values()), strict=True))
+        scan = LocalScan(listed, hits, rows, [], started_ns)
         # The last pass's misses were read by it (or left unread): their hashes and rows
         # are dropped, and they stay misses unless their inputs changed.
         misses = set(kept.misses)
@@ -199,7 +208,7 @@ def _carried_scan(carry: carrying.Carry, listed: Listing,
         scan.cache_rows.update(fresh.cache_rows)
         misses.update(fresh.misses)
         scan.misses = sorted(misses)
-    carry.scanned(scan.hashes, scan.cache_rows, scan.misses)
+    carry.scanned(scan.misses)
     return scan
 
 
@@ -214,12 +223,11 @@ def _carried_same(carry: carrying.Carry, anc: Mapping[str, Ancestor],
         return same
     changed = {p: rfiles[p] for p in carry.recompute if p in rfiles}
     fresh = unchanged_remote(anc, changed, RACY_NS) if changed else set()
-    same = kept.same
-    same.difference_update(carry.recompute)
-    same |= fresh
     rest = kept.rest
     rest.difference_update(carry.recompute)
     rest.update(p for p in changed if p not in fresh)
+    # ``same`` is not carried (``memo.Carried``): it is every remote file outside ``rest``.
+    same = rfiles.keys() - rest
     carry.compared(same, rest)
     return same
 
@@ -241,13 +249,14 @@ def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: Lo
         changed = {p: rfiles[p] for p in again if p in rfiles}
         fresh = (quiet_paths(anc, hashes, local.listing.entries, changed, same & again)
                  if changed else set())
-        quiet = kept.quiet
-        quiet.difference_update(again)
-        quiet |= fresh
         loud = kept.loud
         loud.difference_update(again)
         loud.update(p for p in again
                     if p not in fresh and (p in anc or p in hashes or p in same))
+        # ``quiet`` is not carried (``memo.Carried``): it is every ancestor outside
+        # ``loud``, since quiet paths all have one and an ancestor that is not quiet is
+        # loud.
+        quiet = anc.keys() - loud
     carry.planned(quiet, loud)
     return quiet, loud
 

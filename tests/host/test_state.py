@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from filesync.errors import LockBusy
-from filesync.host.state import Ancestor, ConflictRecord, PairState, default_state_dir, pair_key
+from filesync.host.state import (
+    Ancestor,
+    ConflictRecord,
+    PairState,
+    StatePool,
+    default_state_dir,
+    pair_key,
+)
 
 PAIR = ("/home/u/skills", "user@host:22", "/srv/skills")
 
@@ -126,6 +133,21 @@ def test_close_is_idempotent_and_closes(tmp_path: Path) -> None:
 
 
 # -- the lock --------------------------------------------------------------------------
+
+
+def test_an_idle_pooled_database_keeps_no_page_cache(tmp_path: Path) -> None:
+    """A pooled state's connection outlives its pass (a watch keeps it between passes):
+    given back to the pool, it first lets go of its page cache."""
+    pool = StatePool()
+    state = PairState.open(tmp_path, *PAIR, pool=pool)
+    state.put_ancestors((f"f{i}", anc(i)) for i in range(2000))
+    assert len(state.ancestors()) == 2000
+    said: list[str] = []
+    state.conn.set_trace_callback(said.append)
+    state.close()
+    assert said == ["PRAGMA shrink_memory"]
+    assert len(pool) == 1
+    pool.close()
 
 
 def test_second_open_of_the_same_pair_is_refused(tmp_path: Path) -> None:
