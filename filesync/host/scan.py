@@ -6,7 +6,7 @@ import errno
 import marshal
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import eq, itemgetter, not_
@@ -73,8 +73,9 @@ class LocalScan:
     """
 
     listing: Listing
-    hashes: dict[str, str] = field(default_factory=dict)
-    cache_rows: dict[str, tuple[int, int, int, str]] = field(default_factory=dict)
+    #: (a carried watched pass's are read through from the stat cache: ``sync.carry``)
+    hashes: MutableMapping[str, str] = field(default_factory=dict)
+    cache_rows: MutableMapping[str, tuple[int, int, int, str]] = field(default_factory=dict)
     misses: list[str] = field(default_factory=list)
     started_ns: int = 0
 

@@ -15,8 +15,10 @@ the same rules on the rest: the paths the three series name since the carried pa
 the cache misses (read again every pass). ``same`` and ``quiet`` are carried as what they
 leave out, the remote files outside ``same`` and the paths that were not quiet: an idle
 tree's carried sets are then empty, and the pass reconciles those paths without sweeping
-the whole tree to find them. It makes the two sets again from these with one set
-difference each (in C); every rule runs in proportion to the edit, not to the tree.
+the whole tree to find them. The two sets, and the stat-cache lookup's hits and rows, are
+never built again: they are views read through to the listing, ancestors and stat cache
+of the pass (``AllBut``, ``Overlaid``), which the planning only tests for membership, so
+every rule runs in proportion to the edit, not to the tree.
 
 Guarantees:
 
@@ -34,8 +36,97 @@ Guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Set
+from itertools import chain
+from typing import Generic, TypeVar
+
 from filesync.core.lineage import Lineage
 from filesync.sync.memo import Carried, PassMemo
+
+V = TypeVar("V")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+class AllBut(Set[str]):
+    """The keys of ``base`` but ``left_out``, read through: never a set of its own.
+
+    A carried pass's ``same`` and ``quiet`` are this (every remote file but ``rest``,
+    every ancestor but ``loud``), so a single edit costs no pass over the tree. A
+    membership test and ``len`` are O(``left_out``); only iterating it walks ``base``,
+    and a carried pass does not (``tests/sync/test_carry.py``).
+    """
+
+    __slots__ = ("_base", "_left_out")
+
+    def __init__(self, base: Mapping[str, object], left_out: Set[str]) -> None:
+        self._base = base
+        self._left_out = left_out
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._base and path not in self._left_out
+
+    def __len__(self) -> int:
+        base = self._base
+        return len(base) - sum(1 for p in self._left_out if p in base)
+
+    def __iter__(self) -> Iterator[str]:
+        left_out = self._left_out
+        return (p for p in self._base if p not in left_out)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[S]) -> set[S]:
+        # ``Set``'s operators build their answers with this: a plain set, of what they
+        # iterate (``paths & same`` iterates ``paths``).
+        return set(it)
+
+
+class Overlaid(MutableMapping[str, V], Generic[R, V]):
+    """A mapping read through to ``base`` (each value made by ``make``) but where it was
+    changed: the stat-cache lookup's hits and rows of a carried pass, which are the
+    state's cache rows but where a path's inputs changed, so that a single edit copies
+    no 100k-entry dict. Changes stay here, ``base`` is never written.
+    """
+
+    __slots__ = ("_base", "_gone", "_make", "_set")
+
+    def __init__(self, base: Mapping[str, R], make: Callable[[R], V]) -> None:
+        self._base = base
+        self._make = make
+        self._set: dict[str, V] = {}
+        self._gone: set[str] = set()
+
+    def __getitem__(self, path: str) -> V:
+        changed = self._set
+        if path in changed:
+            return changed[path]
+        if path in self._gone:
+            raise KeyError(path)
+        return self._make(self._base[path])
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._set or (path in self._base and path not in self._gone)
+
+    def __setitem__(self, path: str, value: V) -> None:
+        self._set[path] = value
+
+    def __delitem__(self, path: str) -> None:
+        if path not in self:
+            raise KeyError(path)
+        self._set.pop(path, None)
+        if path in self._base:
+            self._gone.add(path)
+
+    def __len__(self) -> int:
+        base, changed = self._base, self._set
+        hidden = sum(1 for p in self._gone if p not in changed) + sum(
+            1 for p in changed if p in base)
+        return len(base) + len(changed) - hidden
+
+    def __iter__(self) -> Iterator[str]:
+        changed, gone = self._set, self._gone
+        return chain(changed, (p for p in self._base if p not in changed and p not in gone))
+
 
 
 class Carry:
@@ -55,8 +146,9 @@ class Carry:
         self.recompute: set[str] = changed if changed is not None else set()
         #: the cache misses of the stat-cache lookup
         self._scan: frozenset[str] | None = None
-        self._remote: tuple[set[str], set[str]] | None = None
-        self._plan: tuple[set[str], set[str]] | None = None
+        #: the remote files outside ``same``, the paths that are not quiet
+        self._remote: set[str] | None = None
+        self._plan: set[str] | None = None
 
     def scanned(self, misses: list[str]) -> None:
         """The stat-cache lookup's misses, before any is read: read again this pass,
@@ -64,23 +156,22 @@ class Carry:
         self._scan = frozenset(misses)
         self.recompute.update(misses)
 
-    def compared(self, same: set[str], rest: set[str]) -> None:
-        self._remote = (same, rest)
+    def compared(self, rest: set[str]) -> None:
+        self._remote = rest
 
-    def planned(self, quiet: set[str], loud: set[str]) -> None:
-        self._plan = (quiet, loud)
+    def planned(self, loud: set[str]) -> None:
+        self._plan = loud
 
     @property
     def rest(self) -> set[str]:
         assert self._remote is not None, "compared() comes first"
-        return self._remote[1]
+        return self._remote
 
     def keep(self) -> None:
         """The pass is over: carry what it found to the next."""
         if self._scan is None or self._remote is None or self._plan is None:
             return  # a pass that stopped early (sealed, refused) carries nothing
-        self.memo.carried = Carried(self.lineages, self._scan, self._remote[1],
-                                    self._plan[1])
+        self.memo.carried = Carried(self.lineages, self._scan, self._remote, self._plan)
 
 
 def begin(memo: PassMemo | None, host: Lineage | None, remote: Lineage | None,

@@ -64,8 +64,9 @@ class Carried:
     #: paths of the ancestors, host hashes or ``same`` that are not quiet
     loud: set[str]
     # ``same`` and ``quiet`` themselves are not kept: each holds nearly every path of an
-    # idle tree (4 MB of set apiece at 100k files), and each is one set difference away,
-    # ``same`` the remote files outside ``rest``, ``quiet`` the ancestors outside ``loud``.
+    # idle tree (4 MB of set apiece at 100k files), and each is a view away
+    # (``carry.AllBut``), ``same`` the remote files outside ``rest``, ``quiet`` the
+    # ancestors outside ``loud``.
 
 
 class Kept(Generic[R]):

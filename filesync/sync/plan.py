@@ -41,6 +41,7 @@ from filesync.host.scan import (
 from filesync.host.state import Ancestor, PairState
 from filesync.host.watched import WatchedTrees
 from filesync.sync import carry as carrying
+from filesync.sync.carry import AllBut, Overlaid
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
 from filesync.tree.wire import Reason
@@ -193,9 +194,10 @@ def _carried_scan(carry: carrying.Carry, listed: Listing,
             if changed else LocalScan(listed)
         # The last pass's hits are the stat cache's rows as the state holds them now,
         # but where a path's inputs changed since (the state's series names every row
-        # it wrote): made again from the cache, so a watch keeps no copy of them.
-        rows = dict(cache)
-        hits = dict(zip(rows, map(_ROW_HASH, rows.values()), strict=True))
+        # it wrote): read through from the cache, so a watch keeps no copy of them and
+        # a single edit makes none.
+        hits: Overlaid[CacheRow, str] = Overlaid(cache, _ROW_HASH)
+        rows: Overlaid[CacheRow, CacheRow] = Overlaid(cache, _as_is)
         scan = LocalScan(listed, hits, rows, [], started_ns)
         # The last pass's misses were read by it (or left unread): their hashes and rows
         # are dropped, and they stay misses unless their inputs changed.
@@ -212,32 +214,37 @@ def _carried_scan(carry: carrying.Carry, listed: Listing,
     return scan
 
 
+def _as_is(row: CacheRow) -> CacheRow:
+    return row
+
+
 def _carried_same(carry: carrying.Carry, anc: Mapping[str, Ancestor],
-                  rfiles: dict[str, Entry]) -> set[str]:
+                  rfiles: dict[str, Entry]) -> Set[str]:
     """``unchanged_remote``, run only on the remote files whose inputs changed since
     the carried pass (all of them when nothing is carried)."""
     kept = carry.carried
     if kept is None:
         same = unchanged_remote(anc, rfiles, RACY_NS)
-        carry.compared(same, set(filterfalse(same.__contains__, rfiles)))
+        carry.compared(set(filterfalse(same.__contains__, rfiles)))
         return same
     changed = {p: rfiles[p] for p in carry.recompute if p in rfiles}
     fresh = unchanged_remote(anc, changed, RACY_NS) if changed else set()
     rest = kept.rest
     rest.difference_update(carry.recompute)
     rest.update(p for p in changed if p not in fresh)
-    # ``same`` is not carried (``memo.Carried``): it is every remote file outside ``rest``.
-    same = rfiles.keys() - rest
-    carry.compared(same, rest)
-    return same
+    # ``same`` is not carried (``memo.Carried``): it is every remote file outside
+    # ``rest``, read through (``carry.AllBut``) rather than built.
+    carry.compared(rest)
+    return AllBut(rfiles, rest)
 
 
 def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: LocalScan,
-                   rfiles: dict[str, Entry], same: Set[str]) -> tuple[set[str], set[str]]:
+                   rfiles: dict[str, Entry], same: Set[str]) -> tuple[Set[str], set[str]]:
     """``quiet_paths``, and the paths of the ancestors, host hashes and ``same`` that are
     not quiet, run only on the paths whose inputs changed since the carried pass."""
     kept = carry.carried
     hashes = local.hashes
+    quiet: Set[str]
     if kept is None:
         quiet = quiet_paths(anc, hashes, local.listing.entries, rfiles, same)
         loud: set[str] = set()
@@ -247,7 +254,8 @@ def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: Lo
     else:
         again = carry.recompute
         changed = {p: rfiles[p] for p in again if p in rfiles}
-        fresh = (quiet_paths(anc, hashes, local.listing.entries, changed, same & again)
+        fresh = (quiet_paths(anc, hashes, local.listing.entries, changed,
+                             set(filter(same.__contains__, again)))
                  if changed else set())
         loud = kept.loud
         loud.difference_update(again)
@@ -255,9 +263,9 @@ def _carried_quiet(carry: carrying.Carry, anc: Mapping[str, Ancestor], local: Lo
                     if p not in fresh and (p in anc or p in hashes or p in same))
         # ``quiet`` is not carried (``memo.Carried``): it is every ancestor outside
         # ``loud``, since quiet paths all have one and an ancestor that is not quiet is
-        # loud.
-        quiet = anc.keys() - loud
-    carry.planned(quiet, loud)
+        # loud; read through (``carry.AllBut``) rather than built.
+        quiet = AllBut(anc, loud)
+    carry.planned(loud)
     return quiet, loud
 
 
@@ -425,9 +433,11 @@ def plan(inputs: PassInputs, scans: Scans, versions: RemoteVersions) -> Planned:
         for side in (anc.keys(), hashes.keys(), same):
             if len(side) != len(quiet):
                 paths |= side - quiet
-    paths |= rv.keys() - quiet
+    # (Both by membership tests of ``quiet`` and ``same``: a carried pass's are views
+    # of the whole tree, ``carry.AllBut``, which only these tests read in O(1).)
+    paths.update(filterfalse(quiet.__contains__, rv))
     paths -= unknown
-    for p in paths & same:
+    for p in filter(same.__contains__, paths):
         rv[p] = Version(anc[p].hash, anc[p].mode)
     lv = {p: Version(hashes[p], entries[p].mode & 0o777) for p in paths if p in hashes}
     av = {p: Version(anc[p].hash, anc[p].mode) for p in paths if p in anc}

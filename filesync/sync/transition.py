@@ -420,6 +420,7 @@ def _update_caches(
         inputs.state.update_local_cache(upserts, gone)
         _put_remote_cache(inputs)
         return
+    new: Mapping[str, CacheRow]
     if touched or (rows and read_rows):
         new = {k: v for k, v in rows.items() if k not in touched}
         new.update((k, v) for k, v in read_rows.items() if k not in touched)

@@ -12,6 +12,7 @@ import os
 import random
 import time
 from collections.abc import Iterator, Sized
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import KEEP_PATHS, Series
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.endpoint.listings import wire_key
+from filesync.sync.carry import AllBut, Overlaid
 from filesync.sync.memo import Carried
 
 RULE = ExcludeRule.build(default_excludes=False)
@@ -165,3 +167,75 @@ def test_an_idle_tree_carries_no_set_of_its_paths(pair: WatchedPair) -> None:
     per_path = {name: len(value) for name in Carried.__slots__ if name != "lineages"
                 and isinstance(value := getattr(memo.carried, name), Sized)}
     assert per_path == {"misses": 0, "rest": 0, "loud": 0}
+
+
+def test_a_carried_single_edit_builds_no_collection_of_the_tree(
+    pair: WatchedPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The latency rule of a long watch: a carried pass hands the planning ``same``,
+    ``quiet`` and the stat-cache lookup's hits and rows as views of the tree's mappings
+    (``carry.AllBut``, ``carry.Overlaid``), and nothing sweeps them (a sweep, or a set
+    built in their place, is O(tree) again)."""
+    for i in range(40):
+        write(pair.local / f"d{i % 4}" / f"f{i}.txt", f"file {i}\n")
+        _old(pair.local / f"d{i % 4}" / f"f{i}.txt")
+    pair.run()
+    pair.run()
+    handed: list[tuple[object, ...]] = []
+    real_plan, real_quiet = planning.plan, planning._carried_quiet
+
+    def plan_spy(inputs: Any, scans: Any, versions: Any) -> Any:
+        handed.append((versions.same, scans.local.hashes, scans.local.cache_rows))
+        return real_plan(inputs, scans, versions)
+
+    def quiet_spy(*args: Any) -> Any:
+        got = real_quiet(*args)
+        handed.append((got[0],))
+        return got
+
+    swept: list[str] = []
+
+    def sweep_spy(real: Any) -> Any:
+        def spy(self: Any) -> Any:
+            swept.append(type(self).__name__)
+            return real(self)
+        return spy
+
+    monkeypatch.setattr(planning, "plan", plan_spy)
+    monkeypatch.setattr(planning, "_carried_quiet", quiet_spy)
+    for view in (AllBut, Overlaid):
+        monkeypatch.setattr(view, "__iter__", sweep_spy(view.__iter__))
+    write(pair.local / "d1" / "f1.txt", "edited\n")
+    _old(pair.local / "d1" / "f1.txt")
+    assert pair.run().uploaded == 1
+    quiet = [h[0] for h in handed if len(h) == 1]
+    same, hashes, rows = next(h for h in handed if len(h) == 3)
+    assert len(quiet) == 1 and isinstance(quiet[0], AllBut)
+    assert isinstance(same, AllBut)
+    assert isinstance(hashes, Overlaid) and isinstance(rows, Overlaid)
+    assert swept == []
+    assert (pair.remote / "d1" / "f1.txt").read_text() == "edited\n"
+
+
+def test_the_views_answer_as_the_collections_they_stand_for() -> None:
+    """``AllBut`` is ``base.keys() - left_out``, ``Overlaid`` the dict of ``base`` with
+    the same changes made, over random changes."""
+    rng = random.Random(7)
+    base = {f"p{i}": (i, i, i, f"h{i}") for i in range(50)}
+    for _ in range(200):
+        left_out = {f"p{rng.randrange(70)}" for _ in range(rng.randrange(8))}
+        view = AllBut(base, left_out)
+        assert set(view) == base.keys() - left_out and len(view) == len(set(view))
+        probe = f"p{rng.randrange(70)}"
+        assert (probe in view) == (probe in base.keys() - left_out)
+    hashes: Overlaid[tuple[int, int, int, str], str] = Overlaid(base, itemgetter(3))
+    mirror = {p: row[3] for p, row in base.items()}
+    for step in range(300):
+        path = f"p{rng.randrange(70)}"
+        if rng.random() < 0.5:
+            hashes[path] = mirror[path] = f"new {step}"
+        else:
+            assert hashes.pop(path, None) == mirror.pop(path, None)
+        assert len(hashes) == len(mirror) and dict(hashes) == mirror
+        assert (path in hashes) == (path in mirror) and hashes.get(path) == mirror.get(path)
+    assert dict(Overlaid(base, itemgetter(3))) == {p: row[3] for p, row in base.items()}
