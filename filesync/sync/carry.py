@@ -88,16 +88,16 @@ class Overlaid(MutableMapping[str, V], Generic[R, V]):
     no 100k-entry dict. Changes stay here, ``base`` is never written.
     """
 
-    __slots__ = ("_base", "_gone", "_make", "_set")
+    __slots__ = ("_base", "_changed", "_gone", "_make")
 
     def __init__(self, base: Mapping[str, R], make: Callable[[R], V]) -> None:
         self._base = base
         self._make = make
-        self._set: dict[str, V] = {}
+        self._changed: dict[str, V] = {}
         self._gone: set[str] = set()
 
     def __getitem__(self, path: str) -> V:
-        changed = self._set
+        changed = self._changed
         if path in changed:
             return changed[path]
         if path in self._gone:
@@ -105,28 +105,27 @@ class Overlaid(MutableMapping[str, V], Generic[R, V]):
         return self._make(self._base[path])
 
     def __contains__(self, path: object) -> bool:
-        return path in self._set or (path in self._base and path not in self._gone)
+        return path in self._changed or (path in self._base and path not in self._gone)
 
     def __setitem__(self, path: str, value: V) -> None:
-        self._set[path] = value
+        self._changed[path] = value
 
     def __delitem__(self, path: str) -> None:
         if path not in self:
             raise KeyError(path)
-        self._set.pop(path, None)
+        self._changed.pop(path, None)
         if path in self._base:
             self._gone.add(path)
 
     def __len__(self) -> int:
-        base, changed = self._base, self._set
+        base, changed = self._base, self._changed
         hidden = sum(1 for p in self._gone if p not in changed) + sum(
             1 for p in changed if p in base)
         return len(base) + len(changed) - hidden
 
     def __iter__(self) -> Iterator[str]:
-        changed, gone = self._set, self._gone
+        changed, gone = self._changed, self._gone
         return chain(changed, (p for p in self._base if p not in changed and p not in gone))
-
 
 
 class Carry:
