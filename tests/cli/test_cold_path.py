@@ -1,7 +1,8 @@
 """The plain CLI's cold path: a directory pair's job names its first listing before any
 connection, so the runner asks for it in the same write as the helper's source
 (``filesync.session.runner.Job.first_listing``; the runner's tests show the write); and
-the parsing before the login declares only the options of the command run."""
+the parsing before the login declares only the options of the command run; and a sealed
+no-op loads none of the code it never runs (``filesync.core.deferred``)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,13 @@ def test_parsing_declares_only_the_options_of_the_command_run(
 
 
 #: Code a sealed no-op push never runs: the library tier (the CLI runs through the
-#: runner), the watch code, the transition and the journal it applies, and undo.
+#: runner), the watch code, the transition and the journal it applies, undo, and the TOML
+#: parser (no config file is read).
 NOT_ON_A_NO_OP = (
     "filesync.session.aio", "filesync.session.blocking", "filesync.session.watch",
     "filesync.host.watched", "filesync.tree.watch", "filesync.sync.transition",
     "filesync.host.journal", "filesync.host.apply", "filesync.sync.undo", "filesync.host.undo",
+    "tomllib",
 )
 
 
