@@ -24,35 +24,21 @@ runs this package first) must not pay for the library tier a CLI run never touch
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from filesync.core.deferred import lazy_names
 
 if TYPE_CHECKING:
     from filesync.session.aio import AsyncSession, SessionReport
     from filesync.session.blocking import Session, Watch
     from filesync.session.watch import WatchLoop
 
-#: Library name -> the module that defines it, imported on first access.
-_LAZY: dict[str, str] = {
+__all__ = ["AsyncSession", "Session", "SessionReport", "Watch", "WatchLoop"]
+
+__getattr__, __dir__ = lazy_names(__name__, {
     "AsyncSession": "filesync.session.aio",
     "SessionReport": "filesync.session.aio",
     "Session": "filesync.session.blocking",
     "Watch": "filesync.session.blocking",
     "WatchLoop": "filesync.session.watch",
-}
-
-__all__ = ["AsyncSession", "Session", "SessionReport", "Watch", "WatchLoop"]
-
-
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'filesync.session' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+}, __all__)
