@@ -28,9 +28,9 @@ no SSH library until a name that needs one is asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from filesync.core.deferred import lazy_names
 from filesync.errors import (
     BadMapping,
     ConnectionLost,
@@ -60,25 +60,6 @@ if TYPE_CHECKING:
     from filesync.transport.base import Conduit, RemoteProcess
     from filesync.transport.target import open_ssh
 
-#: Public name -> (module, attribute), imported on first access.
-_LAZY: dict[str, tuple[str, str]] = {
-    "DEFAULT_EXCLUDED_DIRS": ("filesync.core.exclude", "DEFAULT_EXCLUDED_DIRS"),
-    "default_state_dir": ("filesync.host.state", "default_state_dir"),
-    "profile_snippet": ("filesync.profile_d", "profile_snippet"),
-    "AsyncSession": ("filesync.session", "AsyncSession"),
-    "Session": ("filesync.session", "Session"),
-    "SessionReport": ("filesync.session", "SessionReport"),
-    "Watch": ("filesync.session", "Watch"),
-    "WatchLoop": ("filesync.session", "WatchLoop"),
-    "Change": ("filesync.sync.changes", "Change"),
-    "ChangeAction": ("filesync.sync.changes", "ChangeAction"),
-    "TransferFailed": ("filesync.sync.engine", "TransferFailed"),
-    "Report": ("filesync.sync.engine", "Report"),
-    "Conduit": ("filesync.transport.base", "Conduit"),
-    "RemoteProcess": ("filesync.transport.base", "RemoteProcess"),
-    "open_ssh": ("filesync.transport.target", "open_ssh"),
-}
-
 __all__ = [
     "DEFAULT_EXCLUDED_DIRS", "TWO_WAY", "UPLOAD_ONLY", "AsyncSession", "BadMapping", "Change",
     "ChangeAction", "Conduit", "ConnectionLost", "FilesyncError", "InternalError", "LockBusy",
@@ -88,16 +69,23 @@ __all__ = [
     "default_state_dir", "nested_excludes", "open_ssh", "profile_snippet",
 ]  # fmt: skip
 
+#: Public name -> the module defining it, imported on first access.
+_LAZY: dict[str, str] = {
+    "DEFAULT_EXCLUDED_DIRS": "filesync.core.exclude",
+    "default_state_dir": "filesync.host.state",
+    "profile_snippet": "filesync.profile_d",
+    "AsyncSession": "filesync.session",
+    "Session": "filesync.session",
+    "SessionReport": "filesync.session",
+    "Watch": "filesync.session",
+    "WatchLoop": "filesync.session",
+    "Change": "filesync.sync.changes",
+    "ChangeAction": "filesync.sync.changes",
+    "TransferFailed": "filesync.sync.engine",
+    "Report": "filesync.sync.engine",
+    "Conduit": "filesync.transport.base",
+    "RemoteProcess": "filesync.transport.base",
+    "open_ssh": "filesync.transport.target",
+}
 
-def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'filesync' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections.abc
 import os
 import posixpath
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +82,9 @@ def load_config(path: Path, via: str | None = None,
     except UnicodeDecodeError as exc:
         raise UsageError(f"config file {path} is not UTF-8 (byte {exc.start}); "
                          "save it as UTF-8") from None
+    # Imported here: tomllib (and its regexes) loads only for a run that reads a config.
+    import tomllib
+
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -11,15 +11,17 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import eq, itemgetter, not_
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import xxhash
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing, Skipped, filter_unsafe
-from filesync.host.watched import WatchedTrees
 from filesync.tree.walk import walk
 from filesync.tree.wire import parse_reason
+
+if TYPE_CHECKING:
+    from filesync.host.watched import WatchedTrees
 
 CHUNK = 1 << 20
 #: A file modified this close to the scan may be modified again within the same

@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filesync.core import offthread
 from filesync.core.exclude import ExcludeRule
@@ -42,7 +43,9 @@ from filesync.host.scan import (
     new_hasher,
     open_regular,
 )
-from filesync.host.watched import WatchedTrees
+
+if TYPE_CHECKING:
+    from filesync.host.watched import WatchedTrees
 
 #: A file's stat as the walk saw it: size, mtime_ns, inode.
 Stat = tuple[int, int, int]

@@ -16,10 +16,29 @@ in ``filesync.session.selfsync``; every call's passes, like the CLI's and the ag
 through ``filesync.session.runner`` (its retry, guard and deadline), and each session owns
 its warm state (``filesync.sync.warm.WarmState``). ``docs/library.md`` is the user's
 guide.
+
+The library names are imported on first use: the CLI reaches the runner through
+``filesync.session.runner`` and ``filesync.session.terms``, and importing either (which
+runs this package first) must not pay for the library tier a CLI run never touches.
 """
 
-from filesync.session.aio import AsyncSession, SessionReport
-from filesync.session.blocking import Session, Watch
-from filesync.session.watch import WatchLoop
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from filesync.core.deferred import lazy_names
+
+if TYPE_CHECKING:
+    from filesync.session.aio import AsyncSession, SessionReport
+    from filesync.session.blocking import Session, Watch
+    from filesync.session.watch import WatchLoop
 
 __all__ = ["AsyncSession", "Session", "SessionReport", "Watch", "WatchLoop"]
+
+__getattr__, __dir__ = lazy_names(__name__, {
+    "AsyncSession": "filesync.session.aio",
+    "SessionReport": "filesync.session.aio",
+    "Session": "filesync.session.blocking",
+    "Watch": "filesync.session.blocking",
+    "WatchLoop": "filesync.session.watch",
+}, __all__)

@@ -55,7 +55,7 @@ from filesync.errors import (
 )
 from filesync.mapping import Mapping
 from filesync.session.passes import Call, PassSpec, Rules, as_list, plan_passes, state_dir_of
-from filesync.session.runner import Deadline, Job, PassRun, Runner
+from filesync.session.runner import Deadline, Job, PassRun, Runner, load_deferred
 from filesync.session.watch import WatchLoop
 from filesync.sync.engine import Options, Report
 from filesync.sync.warm import WarmState
@@ -64,6 +64,9 @@ from filesync.transport.local import CommandConduit
 from filesync.transport.pool import Conduits
 from filesync.transport.ssh.options import check_ssh_options
 from filesync.transport.target import ConnectOptions, Target, open_conduit, parse_remote
+
+# A session's call may run at interpreter teardown, when nothing can be imported any more.
+load_deferred()
 
 #: Where a session's connection comes from: a conduit, or a factory that opens one.
 ConduitSource = Conduit | Callable[[], Awaitable[Conduit]]

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filesync.core import deferred
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action
 from filesync.endpoint.contract import Endpoint
@@ -50,7 +51,6 @@ from filesync.errors import ConnectionLost, FilesyncError, SelfSync, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.session.selfsync import refuse_self_sync
 from filesync.sync.engine import Options, Report, run_pass
-from filesync.sync.undo import undo_last
 from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
 from filesync.transport.pool import Conduits
@@ -60,6 +60,19 @@ if TYPE_CHECKING:
     from filesync.transport.ssh.openssh_login import Pending
 
 PlanFilter = Callable[[list[Action]], list[Action]]
+
+
+#: What the passes load on first use (``filesync.core.deferred``), so that a CLI run loads
+#: only the code it runs (a sealed no-op: no transition, journal, watch or undo code).
+DEFERRED = ("filesync.host.journal", "filesync.host.watched",
+            "filesync.sync.transition", "filesync.sync.undo")
+
+
+def load_deferred() -> None:
+    """Load now what the passes load on first use: a library session's call may run at
+    interpreter teardown (atexit hooks, finalizers), when nothing can be imported."""
+    for name in DEFERRED:
+        deferred.load(name)
 
 
 @dataclass(frozen=True)
@@ -165,7 +178,9 @@ class Runner:
         conduit, _ = await self.pool.acquire(target, self.connect)
         healthy = False
         try:
-            restored = await undo_last(conduit, local_root, target.path, opts, self.warm)
+            # Loaded here: only ``undo`` runs it, and other runs never load it.
+            restored: list[str] = await deferred.load("filesync.sync.undo").undo_last(
+                conduit, local_root, target.path, opts, self.warm)
             healthy = True
         finally:
             await self.pool.release(conduit, healthy)

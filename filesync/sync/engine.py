@@ -23,8 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from filesync.core import deferred
 from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
@@ -39,9 +40,11 @@ from filesync.sync import seal as sealing
 from filesync.sync.changes import Change, ChangeAction, CountsChanges
 from filesync.sync.inputs import Options, PassInputs
 from filesync.sync.staging import StagingSink
-from filesync.sync.transition import Transitioned, transition
 from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
+
+if TYPE_CHECKING:
+    from filesync.sync.transition import Transitioned
 
 
 @dataclass
@@ -233,7 +236,11 @@ async def _pass(
     check_deletions(planned.actions, len(scans.ancestors), opts.force)
     report.plan = list(planned.actions)
     if not opts.dry_run:
-        report.fold(await transition(inputs, scans, planned))
+        # Loaded here: a sealed no-op returns above, and never loads the transition
+        # (host writes, journal apply, conflict saving).
+        transitioned: Transitioned = await deferred.load(
+            "filesync.sync.transition").transition(inputs, scans, planned)
+        report.fold(transitioned)
     report.open_conflicts = list(inputs.state.conflicts().values())
     if not opts.dry_run:
         report.pruned = _retain(inputs, report.open_conflicts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Listing, Skipped
@@ -27,11 +28,13 @@ from filesync.host.retention import KEEP_BYTES, KEEP_RUNS
 from filesync.host.scan import LocalScan
 from filesync.host.shared_scan import HostScans
 from filesync.host.state import Ancestor, PairState, default_state_dir
-from filesync.host.watched import WatchedTrees
 from filesync.sync.carry import Carry
 from filesync.sync.memo import PassMemo
 from filesync.sync.progress import Progress
 from filesync.sync.staging import StagingSink
+
+if TYPE_CHECKING:
+    from filesync.host.watched import WatchedTrees
 
 
 @dataclass

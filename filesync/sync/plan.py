@@ -20,16 +20,15 @@ from dataclasses import dataclass
 from itertools import chain, filterfalse
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from filesync.core import offthread
+from filesync.core import deferred, offthread
 from filesync.core.exclude import ExcludeRule
 from filesync.core.lineage import Lineage
 from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.quiet import quiet_paths, unchanged_remote
 from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
 from filesync.errors import FilesyncError, SafetyRefusal
-from filesync.host.journal import recover
 from filesync.host.scan import (
     RACY_NS,
     CacheRow,
@@ -39,12 +38,14 @@ from filesync.host.scan import (
     scan_cached,
 )
 from filesync.host.state import Ancestor, PairState
-from filesync.host.watched import WatchedTrees
 from filesync.sync import carry as carrying
 from filesync.sync.carry import AllBut, Overlaid
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
 from filesync.tree.wire import Reason
+
+if TYPE_CHECKING:
+    from filesync.host.watched import WatchedTrees
 
 #: A stat-cache row's hash (rows are ``(size, mtime_ns, ino, hash)``).
 _ROW_HASH = itemgetter(3)
@@ -116,7 +117,10 @@ async def recover_host(inputs: PassInputs, walk: Walk | None) -> Walk | None:
             with contextlib.suppress(Exception):
                 await walk.listing  # walked before the recovery: stale
             walk = None
-    recover(state, inputs.local_root)
+    if state.journal_path.exists() or state.staging.exists():
+        # Loaded here: the journal's apply code loads only when there is something to
+        # recover or clear, never on a clean run.
+        deferred.load("filesync.host.journal").recover(state, inputs.local_root)
     if shared is not None:
         return None
     return walk if walk is not None else start_walk(

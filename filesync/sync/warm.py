@@ -18,10 +18,15 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from filesync.core import deferred
 from filesync.endpoint.connect import Endpoints
 from filesync.host.state import StatePool
-from filesync.host.watched import WatchedTrees
 from filesync.sync.memo import PassMemo, PassMemos
+
+if TYPE_CHECKING:
+    from filesync.host.watched import WatchedTrees
 
 
 class WarmState:
@@ -51,7 +56,9 @@ class WarmState:
     def start_watching(self) -> None:
         """Watch from the next pass on (a session's first ``watch`` call)."""
         if self.trees is None:
-            self.trees = WatchedTrees()
+            # Loaded here: the watch code (inotify, its threads) is loaded only by an owner
+            # that watches, never by a single pass.
+            self.trees = deferred.load("filesync.host.watched").WatchedTrees()
             self.memos = PassMemos()
 
     def memo(self, local_root: str, remote_root: str) -> PassMemo | None:

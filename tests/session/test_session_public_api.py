@@ -3,6 +3,7 @@ the reports' enums compare equal to their JSON strings."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -70,3 +71,34 @@ def test_importing_filesync_loads_no_internals() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_library_tier_loads_what_the_passes_import_on_first_use() -> None:
+    # A session's call may run at interpreter teardown, when nothing can be imported.
+    code = (
+        "import json, sys\n"
+        "import filesync\n"
+        "from filesync.session.runner import DEFERRED\n"
+        "before = [m for m in DEFERRED if m in sys.modules]\n"
+        "filesync.Session\n"
+        "print(json.dumps([before, [m for m in DEFERRED if m not in sys.modules]]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(done.stdout) == [[], []]
+
+
+def test_the_library_tier_preloads_every_module_a_pass_loads_on_first_use() -> None:
+    from filesync.session.runner import DEFERRED
+
+    package = Path(filesync.__file__).parent
+    loaded = {
+        call.args[0].value
+        for path in package.rglob("*.py")
+        for call in ast.walk(ast.parse(path.read_text()))
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "load" and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "deferred" and call.args
+        and isinstance(call.args[0], ast.Constant)
+    }
+    assert loaded == set(DEFERRED)
