@@ -40,7 +40,9 @@ if bootstrap is None:
     os.execvp("sh", ["sh", "-c", sys.argv[-1]])
 size = int(bootstrap.group(1))
 inp, out = sys.stdin.buffer, sys.stdout.buffer
-inp.read(size)  # the real helper's source, sent by the client
+loader = zlib.decompress(inp.read(size))  # the real helper's loader, sent by the client
+# ... and the sources blob after it, whose size the loader names
+inp.read(int(re.search(rb"_BLOB_SIZE = (\d+)", loader).group(1)))
 
 
 def send(kind, payload):

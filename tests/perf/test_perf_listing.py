@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import json
 import os
@@ -56,13 +57,14 @@ def view(listing: Listing) -> tuple[dict[str, Any], list[tuple[str, str]], int, 
 
 
 def spy_replies(session: HelperEndpoint) -> list[dict[str, Any]]:
-    """Record every decoded reply of ``session``."""
+    """Record every decoded reply of ``session``, as it came (a copy: the session lets go
+    of a listing's rows as it reads them)."""
     seen: list[dict[str, Any]] = []
     real: Callable[[bytes, bytes], dict[str, Any]] = session._reply_of
 
     def recording(kind: bytes, payload: bytes) -> dict[str, Any]:
         obj = real(kind, payload)
-        seen.append(obj)
+        seen.append(copy.deepcopy(obj))
         return obj
 
     session._reply_of = recording  # type: ignore[method-assign]

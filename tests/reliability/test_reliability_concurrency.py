@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
@@ -31,17 +30,9 @@ from test_reliability_support import (
 from filesync.core.faults import CRASH_ENV
 
 
-def lock_fds(lock: Path) -> int:
-    """How many descriptors of this process have the lock file open."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{fd}") == str(lock)
-    return count
-
-
 @pytest.mark.timeout(60)
-def test_second_run_fails_clearly_or_waits_for_the_lock(tmp_path: Path) -> None:
+def test_second_run_fails_clearly_or_waits_for_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
     write(pair.local / "a.txt", "a\n")
     pair.ok("push")
@@ -56,15 +47,24 @@ def test_second_run_fails_clearly_or_waits_for_the_lock(tmp_path: Path) -> None:
     assert "--lock-timeout" in pair.stderr
     assert report["exit_code"] == 1
 
-    # With --lock-timeout the run waits: release the holder only once the waiter has the
-    # lock file open (it is then in its wait loop), so the wait really happens.
+    # With --lock-timeout the run waits: release the holder only once the waiter has
+    # found the lock taken (it is then in its wait loop), so the wait really happens. (The
+    # waiter holds the lock file open only while it tries, so its descriptor is no signal.)
     write(pair.local / "b.txt", "b\n")
     waiting = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        try:
+            real_flock(fd, operation)
+        except BlockingIOError:
+            waiting.set()
+            raise
+
+    monkeypatch.setattr(fcntl, "flock", flock)
 
     def release_when_waited_for() -> None:
-        while lock_fds(lock) < 2:
-            threading.Event().wait(0.01)
-        waiting.set()
+        waiting.wait()
         os.close(holder)
 
     releaser = threading.Thread(target=release_when_waited_for, daemon=True)
