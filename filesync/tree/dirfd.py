@@ -165,15 +165,22 @@ class Dirs:
     The chain is bounded by the path depth. Like any open descriptor, a cached one
     keeps naming its directory if that is renamed meanwhile; a directory's own
     owner can do that, nobody can make it follow a symlink.
+
+    ``parent`` also gives the directory's identity (device, inode), taken once when it
+    was opened: an open descriptor's identity never changes, so files that share a
+    directory need no ``fstat`` of their own to say so (``Batch.add``).
     """
 
     def __init__(self, root_fd: int) -> None:
         self.root_fd = root_fd
+        self.root_key: tuple[int, int] | None = None
         self.names: list[str] = []
         self.fds: list[int] = []
+        self.keys: list[tuple[int, int]] = []
 
-    def parent(self, parts: list[str], create: bool) -> int:
-        """The descriptor of the directory holding ``parts[-1]`` (owned by this cache)."""
+    def parent(self, parts: list[str], create: bool) -> tuple[int, tuple[int, int]]:
+        """The descriptor (owned by this cache) and identity of the directory holding
+        ``parts[-1]``."""
         dirs = parts[:-1]
         names = self.names
         keep = 0
@@ -181,12 +188,22 @@ class Dirs:
         while keep < limit and dirs[keep] == names[keep]:
             keep += 1
         self._close_from(keep)
-        fd = self.fds[-1] if self.fds else self.root_fd
         for part in dirs[keep:]:
-            fd = open_dir(fd, part, create)
+            fd = open_dir(self.fds[-1] if self.fds else self.root_fd, part, create)
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
             self.names.append(part)
             self.fds.append(fd)
-        return fd
+            self.keys.append((st.st_dev, st.st_ino))
+        if self.fds:
+            return self.fds[-1], self.keys[-1]
+        if self.root_key is None:
+            st = os.fstat(self.root_fd)
+            self.root_key = (st.st_dev, st.st_ino)
+        return self.root_fd, self.root_key
 
     def forget(self) -> None:
         """Drop the cached chain (a directory of it went away meanwhile)."""
@@ -196,6 +213,7 @@ class Dirs:
         while len(self.fds) > depth:
             os.close(self.fds.pop())
             self.names.pop()
+            self.keys.pop()
 
     def close(self) -> None:
         self._close_from(0)
@@ -238,6 +256,8 @@ class TempFile:
         self.rel, self.temp = rel, temp
         self.error = error
         self.pfd = -1
+        #: the parent directory's identity (``Dirs.parent``)
+        self.dir_key = (-1, -1)
         self.fd = -1
         #: once placed: the file's listing row, as a walk would list it now
         self.listed: list[Any] | None = None
@@ -247,12 +267,12 @@ class TempFile:
         try:
             self.parts = split_rel(rel)
             try:
-                self.pfd = dirs.parent(self.parts, True)
+                self.pfd, self.dir_key = dirs.parent(self.parts, True)
                 self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
             except FileNotFoundError:
                 # A cached parent was removed since the last file: open the path afresh.
                 dirs.forget()
-                self.pfd = dirs.parent(self.parts, True)
+                self.pfd, self.dir_key = dirs.parent(self.parts, True)
                 self.fd = os.open(temp, flags, 0o600, dir_fd=self.pfd)
         except (OSError, ValueError) as exc:
             self.error = reason_of(exc)
@@ -432,17 +452,16 @@ class Batch:
         if row is not None:
             self.rows.append(row)
             return
-        try:
-            # By identity, not name: a directory replaced since an earlier file of the
-            # batch is another directory, and the temp file is in the one it was made in.
-            st = os.fstat(sink.pfd)
-            key = (st.st_dev, st.st_ino)
-            if key not in self.dirs:
+        # By identity, not name: a directory replaced since an earlier file of the batch
+        # is another directory, and the temp file is in the one it was made in.
+        key = sink.dir_key
+        if key not in self.dirs:
+            try:
                 self.dirs[key] = os.dup(sink.pfd)
-        except OSError as exc:
-            sink.abort()
-            self.rows.append([sink.rel, Status.ERROR, *reason_of(exc)])
-            return
+            except OSError as exc:
+                sink.abort()
+                self.rows.append([sink.rel, Status.ERROR, *reason_of(exc)])
+                return
         sink.pfd = self.dirs[key]
         self.rows.append([])
         self.pending.append((len(self.rows) - 1, sink, expect))
