@@ -177,9 +177,8 @@ class HelperEndpoint:
             if not isinstance(hello.get("hello"), int) or not isinstance(hello.get("cwd"), str):
                 raise session._garbage("no valid hello")
             if hello["hello"] != PROTOCOL:  # its frames would be misread, or refused midway
-                raise TransportError(
-                    f"the remote helper speaks protocol {hello['hello']}, this filesync "
-                    f"{PROTOCOL}; run the same filesync version on both ends")
+                raise TransportError(f"the remote helper speaks protocol {hello['hello']}, "
+                                     f"this filesync {PROTOCOL}; run one version on both ends")
         except RemoteSilent as exc:
             await kill_remote(conduit, pid)
             raise no_hello(conduit) from exc

@@ -244,7 +244,7 @@ def test_the_client_refuses_a_helper_of_another_protocol() -> None:
 
     asyncio.run(start(PROTOCOL))  # the same stream of this protocol starts
     with pytest.raises(TransportError, match=f"protocol {PROTOCOL - 1}, this filesync "
-                                             f"{PROTOCOL}; run the same filesync version"):
+                                             f"{PROTOCOL}; run one version on both ends"):
         asyncio.run(start(PROTOCOL - 1))
 
 
