@@ -31,6 +31,7 @@ from filesync.tree.bundle import MIN_PYTHON, NO_PYTHON, OLD_PYTHON, bootstrap_co
 from filesync.tree.paths import all_safe, resolve_root
 from filesync.tree.wire import (
     HEADER,
+    PROTOCOL,
     REPLY_KINDS,
     BadRequest,
     Op,
@@ -175,6 +176,9 @@ class HelperEndpoint:
             hello = await session._payload(first)
             if not isinstance(hello.get("hello"), int) or not isinstance(hello.get("cwd"), str):
                 raise session._garbage("no valid hello")
+            if hello["hello"] != PROTOCOL:  # its frames would be misread, or refused midway
+                raise TransportError(f"the remote helper speaks protocol {hello['hello']}, "
+                                     f"this filesync {PROTOCOL}; run one version on both ends")
         except RemoteSilent as exc:
             await kill_remote(conduit, pid)
             raise no_hello(conduit) from exc

@@ -2,8 +2,9 @@
 
 Guarantees:
 
-- a file that reads whole in at most ``WHOLE_MAX`` bytes is one ``F`` frame; a bigger one
-  is ``H``, its ``D`` chunks and ``E``; one whose local read fails ends with an error
+- a file that reads whole in at most ``WHOLE_MAX`` bytes is one ``W`` frame (its header
+  binary, ``tree.wire.whole_head``); a bigger one, or one whose fields that header cannot
+  hold, is ``H`` (JSON), its ``D`` chunks and ``E``; one whose local read fails ends with an error
   ``E`` (the helper drops it, and the rest of the stream goes on);
 - frames are gathered (``tree.wire.Gather``, the helper's own codec) into writes of about
   ``FLUSH_AT`` bytes, data chunks of ``DIRECT`` bytes or more go straight through (no
@@ -19,7 +20,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 
 from filesync.endpoint.contract import SendItem
-from filesync.tree.wire import END_OK, WHOLE_MAX, Gather, Op, encode_json
+from filesync.tree.wire import END_OK, WHOLE_MAX, Gather, Op, encode_json, whole_head
 
 
 def file_head(item: SendItem) -> bytes:
@@ -51,7 +52,6 @@ async def write_stream(write: Callable[[bytes], Awaitable[None]], root: str,
     paths: list[str] = []
     for item in items:
         paths.append(item.path)
-        head = file_head(item)
         chunks = iter(item.chunks())
         held: list[bytes] = []
         size = 0
@@ -67,11 +67,12 @@ async def write_stream(write: Callable[[bytes], Awaitable[None]], root: str,
                 whole = True  # read whole: ``held`` is the file
         except OSError as exc:
             failed = _read_failed(exc)
-        if whole:
-            for data in gather.add_whole(head, held[0] if len(held) == 1 else b"".join(held)):
+        binary = whole_head(item.path, item.mode, item.mtime_ns, item.expect) if whole else None
+        if binary is not None:
+            for data in gather.add_whole(binary, held[0] if len(held) == 1 else b"".join(held)):
                 await write(data)
             continue
-        await put(b"H", head)
+        await put(b"H", file_head(item))
         for chunk in held:
             await put(b"D", chunk)
         if failed is None:

@@ -80,6 +80,8 @@ class Server:
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
         self.counter = 0
+        #: temp names are this, a counter and ``TEMP_SUFFIX`` (the pid: see ``is_temp_name``)
+        self.temp_prefix = f"{TEMP_PREFIX}{os.getpid()}."
         #: listings remembered for delta replies and seals: key -> ``Remembered``
         self.listings: Bounded[str, Remembered] = Bounded(MAX_REMEMBERED)
         #: per root, what ``send`` and ``delete`` made of each path since its last
@@ -281,7 +283,7 @@ class Server:
         stall_point("fetch")
         try:
             parts = split_rel(rel)
-            pfd = dirs.parent(parts, False)
+            pfd, _ = dirs.parent(parts, False)
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
         except (OSError, ValueError) as exc:
             code, detail = reason_of(exc)
@@ -321,14 +323,18 @@ class Server:
         try:
             for _ in range(req["count"]):
                 frame = self.chan.read_frame()
-                if frame is None or frame[0] not in b"HF":
+                if frame is None:
                     raise EOFError("stream ended mid-send")
                 kind, payload = frame
-                if kind == b"F":
-                    head, data = split_whole(payload)
-                    self._receive_whole(batch, dirs, head, data, error)
-                else:
+                if kind == b"W":
+                    rel, mode, mtime_ns, expect, data = split_whole(payload)
+                    sink = TempFile(dirs, rel, self._temp_name(), error)
+                    sink.write(data)
+                    batch.add(sink, mode, mtime_ns, expect)
+                elif kind == b"H":
                     self._receive_one(batch, dirs, decode_json(kind, payload), error)
+                else:  # protocol 1's ``F``, say: a client of another version
+                    raise BadRequest(f"{kind!r} frame where a file was due")
         finally:
             # what arrived whole is committed even if the stream broke, as one at a time
             results = batch.finish()
@@ -337,14 +343,6 @@ class Server:
                 os.close(rfd)
             self._wrote(req["root"], {row[0]: row for row in batch.placed})
         self.chan.send_json({"results": results}, b"Z")
-
-    def _receive_whole(self, batch: Batch, dirs: Dirs, head: dict[str, Any], data: memoryview,
-                       error: tuple[Reason, str] | None) -> None:
-        """One ``F`` frame: the file's header and all of its bytes."""
-        rel, mode, mtime_ns, expect = file_header(head)
-        sink = TempFile(dirs, rel, self._temp_name(), error)
-        sink.write(data)
-        batch.add(sink, mode, mtime_ns, expect)
 
     def _receive_one(self, batch: Batch, dirs: Dirs, head: dict[str, Any],
                      error: tuple[Reason, str] | None) -> None:
@@ -380,7 +378,7 @@ class Server:
 
     def _temp_name(self) -> str:
         self.counter += 1
-        return f"{TEMP_PREFIX}{os.getpid()}.{self.counter}{TEMP_SUFFIX}"
+        return f"{self.temp_prefix}{self.counter}{TEMP_SUFFIX}"
 
     def op_delete(self, req: dict[str, Any]) -> None:
         results: list[list[Any]] = []

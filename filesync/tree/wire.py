@@ -11,10 +11,18 @@ reads or writes a stream.
 Frames: one kind byte, a 4-byte big-endian length, the payload.
 ``J`` JSON object, ``Z`` zlib-compressed JSON object, ``H`` per-file header (JSON),
 ``D`` raw data chunk, ``E`` end of one file (JSON), ``K`` keepalive (empty payload: the
-helper is still at work; see ``Channel.keepalive``), ``F`` one whole small file of an
-upload (``split_whole``: a 4-byte big-endian header length, the ``H`` header's JSON, the
-file's bytes), which stands for its ``H``, ``D`` and ok ``E`` frames: a 100k-file push is
-then one frame per file, not three.
+helper is still at work; see ``Channel.keepalive``), ``W`` one whole small file of an
+upload, which stands for its ``H``, ``D`` and ok ``E`` frames: a 100k-file push is then
+one frame per file, not three. Its header is binary, not JSON (``whole_head``,
+``split_whole``): the ``WHOLE_HEAD`` fields (path length, mode, mtime_ns, whether an
+``expect`` follows, the expected size and mtime_ns), the path's bytes, the file's bytes.
+Decoding it is one ``unpack`` where a JSON header cost a parse and a check per field, paid
+100k times on a large push. A file whose header does not fit those fields (a negative
+time, say) goes as ``H``/``D``/``E`` instead, checked as before.
+
+``PROTOCOL`` is in the helper's hello, and the client refuses a helper of another one
+before it sends a file. Protocol 1 sent ``F`` frames (a JSON header):
+this helper refuses them as a bad request, so a stale client is stopped, never misread.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import struct
 import zlib
 from typing import Any
 
-PROTOCOL = 1
+#: The wire's version, in the hello; 2: ``W`` (binary header) replaced ``F`` (JSON header).
+PROTOCOL = 2
 CHUNK = 1 << 20
 HEADER = struct.Struct(">cI")
 #: Output is gathered into writes of about this size: a fetch of many small files then
@@ -39,9 +48,10 @@ DIRECT = 1 << 16
 #: so the fastest level wins: the few more bytes it sends take less time on any usable
 #: link than a higher level's compression (figures in ``docs/benchmarks.md``).
 Z_LEVEL = 1
-#: The header length that starts an ``F`` frame's payload.
-WHOLE_HEAD = struct.Struct(">I")
-#: An upload of at most this many bytes goes as one ``F`` frame.
+#: A ``W`` frame's header: path length, mode, mtime_ns, 1 if an ``expect`` follows (else
+#: 0), the expected size and mtime_ns (0 without one). Unsigned: every field is a count.
+WHOLE_HEAD = struct.Struct(">IIQBQQ")
+#: An upload of at most this many bytes goes as one ``W`` frame.
 WHOLE_MAX = DIRECT
 #: The ``E`` frame a client sends for a file it read whole (decoded without json).
 END_OK = (b'{"ok": true}', b'{"ok":true}')
@@ -240,10 +250,9 @@ class Gather:
         return [self.take()] if len(pending) >= FLUSH_AT else []
 
     def add_whole(self, head: bytes, body: bytes) -> list[bytes]:
-        """The ``F`` frame of a whole small upload (``head``: its header's JSON)."""
+        """The ``W`` frame of a whole small upload (``head``: ``whole_head``'s bytes)."""
         pending = self.pending
-        pending += HEADER.pack(b"F", WHOLE_HEAD.size + len(head) + len(body))
-        pending += WHOLE_HEAD.pack(len(head))
+        pending += HEADER.pack(b"W", len(head) + len(body))
         pending += head
         pending += body
         return [self.take()] if len(pending) >= FLUSH_AT else []
@@ -255,17 +264,35 @@ class Gather:
         return data
 
 
-def split_whole(payload: bytes) -> tuple[dict[str, Any], memoryview]:
-    """An ``F`` frame's header (a JSON object) and file bytes; ``BadRequest`` for a payload
-    that does not hold both."""
+def whole_head(path: str, mode: int, mtime_ns: int,
+               expect: tuple[int, int] | None) -> bytes | None:
+    """The header of a ``W`` frame for these fields, path included; None if they do not fit
+    its layout (a negative or oversized count, a name that is not bytes): such a file goes
+    as ``H``/``D``/``E``, whose JSON header the helper checks field by field."""
+    try:
+        name = path.encode("utf-8", "surrogateescape")
+        if not name.isascii() and name.decode("utf-8", "surrogateescape") != path:
+            return None  # escapes that read back as another name: JSON keeps it exact
+        if expect is None:
+            return WHOLE_HEAD.pack(len(name), mode, mtime_ns, 0, 0, 0) + name
+        return WHOLE_HEAD.pack(len(name), mode, mtime_ns, 1, expect[0], expect[1]) + name
+    except (struct.error, UnicodeEncodeError, TypeError):
+        return None
+
+
+def split_whole(payload: bytes) -> tuple[str, int, int, list[int] | None, memoryview]:
+    """A ``W`` frame's path, mode, mtime_ns, expect and file bytes (the same fields
+    ``file_header`` gives of a JSON header); ``BadRequest`` for a payload that does not
+    hold them."""
     if len(payload) < WHOLE_HEAD.size:
-        raise BadRequest("F frame shorter than its header length")
-    (length,) = WHOLE_HEAD.unpack_from(payload)
+        raise BadRequest("W frame shorter than its header")
+    length, mode, mtime_ns, has_expect, size, expect_mtime = WHOLE_HEAD.unpack_from(payload)
     end = WHOLE_HEAD.size + length
-    if end > len(payload):
-        raise BadRequest("F frame header runs past the frame")
-    view = memoryview(payload)
-    return decode_json(b"F", bytes(view[WHOLE_HEAD.size:end])), view[end:]
+    if end > len(payload) or has_expect > 1:
+        raise BadRequest("malformed W frame header")
+    rel = payload[WHOLE_HEAD.size:end].decode("utf-8", "surrogateescape")
+    return (rel, mode, mtime_ns, [size, expect_mtime] if has_expect else None,
+            memoryview(payload)[end:])
 
 
 # -- messages and rows ----------------------------------------------------------------

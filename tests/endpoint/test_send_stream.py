@@ -11,6 +11,7 @@ from synctree import write
 
 from filesync.endpoint.contract import SendItem
 from filesync.endpoint.helper import HelperEndpoint
+from filesync.endpoint.upload_stream import write_stream
 from filesync.host.scan import HashingReader
 from filesync.transport.local import local_conduit
 from filesync.tree.wire import HEADER, WHOLE_MAX
@@ -52,7 +53,7 @@ def test_a_small_file_is_read_whole_with_a_size_hint(tmp_path: Path) -> None:
 async def test_small_files_go_as_one_frame_and_big_or_unreadable_ones_as_a_stream(
     tmp_path: Path,
 ) -> None:
-    """A file read whole in at most ``WHOLE_MAX`` bytes is one ``F`` frame; a bigger one is
+    """A file read whole in at most ``WHOLE_MAX`` bytes is one ``W`` frame; a bigger one is
     ``H``, ``D`` chunks and ``E``; one whose read fails is ``H`` and an error ``E``."""
     sizes = {"small.txt": 100, "edge.bin": WHOLE_MAX, "big.bin": WHOLE_MAX + 1, "empty": 0}
     for name, size in sizes.items():
@@ -84,4 +85,24 @@ async def test_small_files_go_as_one_frame_and_big_or_unreadable_ones_as_a_strea
         kind, length = HEADER.unpack_from(stream, pos)
         kinds.append(kind)
         pos += HEADER.size + length
-    assert kinds == [b"J", b"F", b"F", b"H", b"D", b"E", b"F", b"H", b"E"]
+    assert kinds == [b"J", b"W", b"W", b"H", b"D", b"E", b"W", b"H", b"E"]
+
+
+async def test_a_small_file_whose_header_the_binary_layout_cannot_hold_goes_as_a_stream() -> None:
+    """A negative mtime (or any field ``whole_head`` cannot pack) still reaches the helper,
+    as ``H``/``D``/``E``, whose JSON header it checks as it always did."""
+    sent = bytearray()
+
+    async def write(data: bytes) -> None:
+        sent.extend(data)
+
+    items = [SendItem("old.txt", 0o644, -1, None, lambda: iter([b"1969"])),
+             SendItem("new.txt", 0o644, 1, None, lambda: iter([b"now"]))]
+    assert await write_stream(write, "/r", items, 2) == ["old.txt", "new.txt"]
+    kinds, pos = [], 0
+    while pos < len(sent):
+        kind, length = HEADER.unpack_from(sent, pos)
+        kinds.append(kind)
+        pos += HEADER.size + length
+    assert kinds == [b"J", b"H", b"D", b"E", b"W"]
+    assert b'"mtime_ns":-1' in sent

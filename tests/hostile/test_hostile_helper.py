@@ -27,6 +27,7 @@ from synctree import write
 from test_reliability_support import ancestors, assert_clean_failure, record, run_cli
 
 import filesync.endpoint.helper
+from filesync.tree.wire import PROTOCOL
 
 EVIL = r'''
 import json, os, re, struct, sys, time, zlib
@@ -100,7 +101,7 @@ if scenario == "no-hello-hang":
 if scenario == "bad-hello":
     js({"hello": "one", "cwd": 7})
     hang()
-js({"hello": 1, "cwd": "/evil", "pid": os.getpid()})
+js({"hello": @PROTOCOL@, "cwd": "/evil", "pid": os.getpid()})  # the client's own
 
 while True:
     kind, req = recv()
@@ -159,7 +160,7 @@ while True:
         js({"done": True})
     elif op == "send":
         for _ in range(req["count"]):
-            while recv()[0] not in b"EF":  # a file ends with E, or is one F frame
+            while recv()[0] not in b"EW":  # a file ends with E, or is one W frame
                 pass
         js({"results": [["../../x", "ok", 1, 1]]}, b"Z")
         hang()
@@ -173,7 +174,7 @@ while True:
 @pytest.fixture
 def evil(tmp_path: Path) -> Path:
     script = tmp_path / "evil" / "evil.py"
-    write(script, EVIL)
+    write(script, EVIL.replace("@PROTOCOL@", str(PROTOCOL)))
     return script
 
 

@@ -183,21 +183,31 @@ def test_remote_send_over_the_batch_limit_keeps_the_order_per_batch(
 
 
 def _fsyncs_meet(monkeypatch: pytest.MonkeyPatch, watched: Callable[[str], bool]) -> list[int]:
-    """Run a batch's fsyncs 2 at a time, and make each fsync of a ``watched`` path wait at
-    a barrier for a second one under way: one after another, the first would wait until
-    the barrier breaks. The list returned gets each meeting's arrival indexes."""
+    """Run a batch's fsyncs 2 at a time, each taking long on the batch's clock (as a
+    disk's do), and make each fsync of a ``watched`` path but the first (which runs alone,
+    and shows that the disk is slow) wait at a barrier for a second one under way: one
+    after another, the first would wait until the barrier breaks. The list returned gets
+    each meeting's arrival indexes."""
+    import itertools
     import threading
 
     from filesync.tree import dirfd
 
     monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
+    ticks = itertools.count()
+    monkeypatch.setattr(dirfd, "clock", lambda: float(next(ticks)))  # every call takes 1 s
     real_fsync = os.fsync
     meet = threading.Barrier(2, timeout=30)
     met: list[int] = []
+    alone: list[str] = []
 
     def fsync(fd: int) -> None:
-        if watched(_fd_path(fd)):
-            met.append(meet.wait())
+        path = _fd_path(fd)
+        if watched(path):
+            if alone:
+                met.append(meet.wait())
+            else:
+                alone.append(path)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
@@ -210,7 +220,7 @@ def test_remote_send_runs_a_batchs_fsyncs_at_once(
     # Concurrent fsyncs share journal commits.
     met = _fsyncs_meet(monkeypatch, lambda path: os.path.basename(path).startswith(".filesync."))
     root = tmp_path / "remote"
-    files = {f"f{i}": b"x" * i for i in range(4)}
+    files = {f"f{i}": b"x" * i for i in range(5)}
     rows = _send(root, files)
     assert [r[:2] for r in rows] == [[rel, "ok"] for rel in files]
     assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
@@ -220,13 +230,43 @@ def test_host_pull_runs_the_staged_files_fsyncs_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pair = Pair(tmp_path / "local", tmp_path / "remote", tmp_path / "state")
-    for i in range(4):
+    for i in range(5):
         write(pair.remote / f"f{i}.txt", f"file {i}\n")
     staging = str(pair.state)
     met = _fsyncs_meet(monkeypatch, lambda path: path.startswith(staging)
                        and "/staging/" in path and os.path.isfile(path))
-    assert pair.ok("pull")["downloaded"] == 4
+    assert pair.ok("pull")["downloaded"] == 5
     assert sorted(met) == [0, 0, 1, 1]  # two meetings of two fsyncs each, none broken
+
+
+@pytest.mark.parametrize("slow", [3, None], ids=["slow-from-the-fourth", "all-quick"])
+def test_a_batchs_calls_stay_in_the_calling_thread_while_each_is_quick(
+    monkeypatch: pytest.MonkeyPatch, slow: int | None
+) -> None:
+    # On tmpfs a flush takes no time: threads would only cost lock hand-offs. From the
+    # first call that took long (a disk), the rest run several at once.
+    import threading
+
+    from filesync.tree import dirfd
+
+    monkeypatch.setattr(dirfd, "SYNC_THREADS", 2)
+    now = [0.0]
+    monkeypatch.setattr(dirfd, "clock", lambda: now[0])
+    ran: dict[int, int] = {}
+
+    def call(i: int) -> int:
+        ran[i] = threading.get_ident()
+        if i == slow:
+            now[0] += 2 * dirfd.QUICK
+        return i * 2
+
+    assert dirfd.each_at_once(call, range(10)) == [i * 2 for i in range(10)]
+    here = threading.get_ident()
+    if slow is None:
+        assert set(ran.values()) == {here}
+    else:
+        assert all(ran[i] == here for i in range(slow + 1))
+        assert all(ran[i] != here for i in range(slow + 2, 10, 2))  # the other worker's share
 
 
 def test_an_unexpected_error_in_a_batchs_fsync_is_raised() -> None:

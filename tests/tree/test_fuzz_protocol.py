@@ -39,9 +39,10 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry
 from filesync.endpoint.contract import FetchHeader, FetchSink, SendItem
 from filesync.endpoint.helper import HelperEndpoint
-from filesync.errors import ConnectionLost, FilesyncError
+from filesync.errors import ConnectionLost, FilesyncError, TransportError
 from filesync.transport.base import Conduit, RemoteProcess
 from filesync.tree import server
+from filesync.tree.wire import PROTOCOL, WHOLE_HEAD
 
 H = struct.Struct(">cI")
 FUZZ = settings(max_examples=200, deadline=None,
@@ -137,7 +138,7 @@ def frame(kind: bytes, payload: bytes) -> bytes:
     return H.pack(kind, len(payload)) + payload
 
 
-HELLO = frame(b"J", json.dumps({"hello": 1, "cwd": "/r", "pid": 1}).encode())
+HELLO = frame(b"J", json.dumps({"hello": PROTOCOL, "cwd": "/r", "pid": 1}).encode())
 REQUESTED = ["a.txt", "d/b.txt"]
 
 json_values = st.recursive(
@@ -153,7 +154,7 @@ json_values = st.recursive(
 
 @st.composite
 def frames(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from([b"J", b"Z", b"H", b"D", b"E", b"F", b"X", b"\x00"]))
+    kind = draw(st.sampled_from([b"J", b"Z", b"H", b"D", b"E", b"W", b"X", b"\x00"]))
     if draw(st.booleans()):
         payload = json.dumps(draw(json_values)).encode()
     else:
@@ -235,6 +236,18 @@ def test_client_parser_turns_any_stream_into_a_result_or_a_filesync_error(op: st
     record("fuzz", inputs=tried, client=tried)
 
 
+def test_the_client_refuses_a_helper_of_another_protocol() -> None:
+    async def start(hello: int) -> None:
+        data = frame(b"J", json.dumps({"hello": hello, "cwd": "/r", "pid": 1}).encode())
+        session = await HelperEndpoint.start(PlaybackConduit(data))
+        await session.close()
+
+    asyncio.run(start(PROTOCOL))  # the same stream of this protocol starts
+    with pytest.raises(TransportError, match=f"protocol {PROTOCOL - 1}, this filesync "
+                                             f"{PROTOCOL}; run one version on both ends"):
+        asyncio.run(start(PROTOCOL - 1))
+
+
 # -- the helper's request parser --------------------------------------------------------------
 
 
@@ -286,13 +299,15 @@ def requests(draw: st.DrawFn) -> bytes:
             head = {"path": draw(rel_paths), "mode": draw(st.sampled_from([0o644, -1, "x"])),
                     "mtime_ns": 1, "expect": draw(st.sampled_from([None, [1, 1], "x", [1]]))}
             encoded = json.dumps(head).encode()
-            if draw(st.booleans()):  # one whole-file frame, its header length now and then a lie
-                told = draw(st.sampled_from([len(encoded), len(encoded) + 9, 0, 2**32 - 1]))
-                out += frame(b"F", struct.pack(">I", told) + encoded + b"data")
+            if draw(st.booleans()):  # one whole-file frame, its path length now and then a lie
+                name = str(head["path"]).encode("utf-8", "surrogateescape")
+                told = draw(st.sampled_from([len(name), len(name) + 9, 0, 2**32 - 1]))
+                fields = WHOLE_HEAD.pack(told, 0o644, 1, draw(st.sampled_from([0, 1, 2])), 1, 1)
+                out += frame(draw(st.sampled_from([b"W", b"F"])), fields + name + b"data")
                 continue
             out += frame(b"H", encoded)
             out += b"".join(frame(b"D", b"data") for _ in range(draw(st.integers(0, 2))))
-            out += frame(draw(st.sampled_from([b"E", b"J", b"D", b"F"])),
+            out += frame(draw(st.sampled_from([b"E", b"J", b"D", b"W"])),
                          json.dumps({"ok": draw(st.booleans())}).encode())
     return out
 

@@ -23,7 +23,7 @@ import pytest
 
 from filesync.core.exclude import ExcludeRule
 from filesync.tree.server import serve
-from filesync.tree.wire import CHUNK, PROTOCOL
+from filesync.tree.wire import CHUNK, PROTOCOL, WHOLE_HEAD, whole_head
 
 HEADER = struct.Struct(">cI")
 
@@ -421,9 +421,12 @@ def test_send_writes_content_mode_and_mtime(client: Client, root: Path) -> None:
 
 
 def whole(head: dict[str, Any], data: bytes) -> bytes:
-    """An ``F`` frame: a small upload's header and bytes in one frame."""
-    encoded = json.dumps(head).encode()
-    return frame(b"F", struct.pack(">I", len(encoded)) + encoded + data)
+    """A ``W`` frame: a small upload's header and bytes in one frame."""
+    expect = head["expect"]
+    encoded = whole_head(head["path"], head["mode"], head["mtime_ns"],
+                         None if expect is None else (expect[0], expect[1]))
+    assert encoded is not None
+    return frame(b"W", encoded + data)
 
 
 def test_send_takes_whole_files_in_one_frame_between_streamed_ones(
@@ -443,24 +446,27 @@ def test_send_takes_whole_files_in_one_frame_between_streamed_ones(
     assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o640, 1_234_567_890_123_456_789)
     assert (root / "small" / "a.txt").read_bytes() == b"small file\n"
     assert (root / "empty").read_bytes() == b"" and temp_files(root) == []
-    # An F frame is held to the same rules as H: an unsafe path is refused, not written.
+    # A W frame is held to the same rules as H: an unsafe path is refused, not written.
     client.write(jframe({"op": "send", "root": str(root), "count": 1})
                  + whole({**head, "path": "../escape.txt"}, b"no"))
     assert client.reply()["results"][0][:3] == ["../escape.txt", "error", "unsafe-path"]
     assert not (root.parent / "escape.txt").exists()
 
 
-@pytest.mark.parametrize("payload", [
-    b"\x00\x00",  # shorter than its header length
-    struct.pack(">I", 50) + b'{"path": "a"}',  # a header running past the frame
-    struct.pack(">I", 5) + b"{nope" + b"data",  # a header that is not JSON
-    struct.pack(">I", 2) + b"[]",  # not an object
-    struct.pack(">I", 13) + b'{"path": "a"}' + b"data",  # no mode or mtime
-], ids=["short", "past-frame", "not-json", "not-object", "missing-fields"])
+OLD_HEAD = b'{"path": "a", "mode": 420, "mtime_ns": 1, "expect": null}'
+
+
+@pytest.mark.parametrize("kind, payload", [
+    (b"W", b"\x00\x00"),  # shorter than its header
+    (b"W", WHOLE_HEAD.pack(50, 0o644, 1, 0, 0, 0) + b"a"),  # a path running past the frame
+    (b"W", WHOLE_HEAD.pack(1, 0o644, 1, 7, 0, 0) + b"a"),  # an expect flag not 0 or 1
+    # protocol 1's whole-file frame: a client of another version is refused, never misread
+    (b"F", struct.pack(">I", len(OLD_HEAD)) + OLD_HEAD + b"data"),
+], ids=["short", "past-frame", "bad-expect-flag", "protocol-1-frame"])
 def test_a_malformed_whole_file_frame_is_refused_and_writes_nothing(
-    client: Client, root: Path, payload: bytes
+    client: Client, root: Path, kind: bytes, payload: bytes
 ) -> None:
-    client.write(jframe({"op": "send", "root": str(root), "count": 1}) + frame(b"F", payload))
+    client.write(jframe({"op": "send", "root": str(root), "count": 1}) + frame(kind, payload))
     assert client.reply()["error"].startswith("bad request")
     client.thread.join(30)
     assert not client.thread.is_alive()  # the framing is not trusted any more

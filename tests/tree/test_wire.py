@@ -56,10 +56,33 @@ def test_gather_writes_about_flush_at_and_big_chunks_straight_through() -> None:
 
 def test_gather_whole_frame_holds_header_and_body() -> None:
     gather = Gather()
-    assert gather.add_whole(b'{"path":"a"}', b"body") == []
-    ((kind, payload),) = frames(gather.take())
-    head, body = wire.split_whole(payload)
-    assert kind == b"F" and head == {"path": "a"} and bytes(body) == b"body"
+    for name, expect in (("d/a", None), ("b\udcff", (3, 7))):  # a name not UTF-8 survives
+        head = wire.whole_head(name, 0o640, 1_234_567_890_123_456_789, expect)
+        assert head is not None and gather.add_whole(head, b"body") == []
+        ((kind, payload),) = frames(gather.take())
+        rel, mode, mtime_ns, got, body = wire.split_whole(payload)
+        assert kind == b"W" and (rel, mode, mtime_ns) == (name, 0o640, 1_234_567_890_123_456_789)
+        assert got == (list(expect) if expect else None) and bytes(body) == b"body"
+
+
+def test_a_header_the_binary_layout_cannot_hold_is_none() -> None:
+    # Such a file goes as H/D/E, whose JSON header the helper checks (and refuses) as ever.
+    assert wire.whole_head("a", 0o644, -1, None) is None
+    assert wire.whole_head("a", -1, 1, None) is None
+    assert wire.whole_head("a", 0o644, 1, (-1, 1)) is None
+    assert wire.whole_head("a", 0o644, 2**64, None) is None
+    assert wire.whole_head("\ud800", 0o644, 1, None) is None  # not bytes at all
+    assert wire.whole_head("\udcc3\udca9", 0o644, 1, None) is None  # would read back as "é"
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00" * (wire.WHOLE_HEAD.size - 1),
+    wire.WHOLE_HEAD.pack(2, 0o644, 1, 0, 0, 0) + b"a",
+    wire.WHOLE_HEAD.pack(1, 0o644, 1, 2, 0, 0) + b"a",
+], ids=["short", "path-past-frame", "expect-flag-not-0-or-1"])
+def test_split_whole_refuses_a_malformed_header(payload: bytes) -> None:
+    with pytest.raises(BadRequest):
+        wire.split_whole(payload)
 
 
 def test_frame_head_refuses_unknown_kinds_and_frames_over_the_cap() -> None:
