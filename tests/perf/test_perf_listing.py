@@ -44,6 +44,7 @@ from filesync.transport.base import Conduit, RemoteProcess
 from filesync.transport.local import local_conduit
 from filesync.tree import server, walk
 from filesync.tree.paths import all_safe, unsafe_reason
+from filesync.tree.wire import PROTOCOL
 
 HEADER = struct.Struct(">cI")
 RULE = ExcludeRule.build(default_excludes=False)
@@ -337,7 +338,7 @@ def test_a_delta_that_does_not_fit_the_base_is_garbage(
     first: dict[str, Any], second: dict[str, Any]
 ) -> None:
     head = {"root": "/r", "exists": True, "is_dir": True, "skipped": [], "excluded": 0}
-    output = (jframe({"hello": 1, "cwd": "/", "home": "/"})
+    output = (jframe({"hello": PROTOCOL, "cwd": "/", "home": "/"})
               + jframe({**head, **first}, b"Z") + jframe({**head, **second}, b"Z"))
 
     async def main() -> None:
