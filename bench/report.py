@@ -49,6 +49,8 @@ def steps_table(res: dict[str, Any]) -> str:
     rows = ["| comparison | tool | median wall | vs baseline | fastest | CPU client | "
             "CPU remote | peak RSS | wire |", "|---|---|---|---|---|---|---|---|---|"]
     for step in res["steps"].values():
+        if "median" not in step:
+            continue  # the watch step has a table of its own (``watch_table``)
         ratios = step.get("ratios", {})
         first = True
         for tool, med in step["median"].items():
@@ -62,6 +64,63 @@ def steps_table(res: dict[str, Any]) -> str:
                         f"{'-' if rcpu is None else _t(rcpu)} | {rss} | {_b(med['wire'])} |")
             first = False
     return "\n".join(rows)
+
+
+def _ms(lat: dict[str, float]) -> str:
+    return f"{lat['p50'] * 1000:.0f} ms / {lat['p95'] * 1000:.0f} ms"
+
+
+def watch_table(res: dict[str, Any]) -> str:
+    """Step 9 against issue 22's targets ("" when the step did not run)."""
+    w = res["steps"].get("watch")
+    if not w or "filesync" not in w:
+        return ""
+    fs, un = w["filesync"], w.get("unison", {})
+    big = fs.get("idle_big", {})
+
+    def peer(key: str) -> str:
+        return _ms(un[key]) if key in un else "not run"
+
+    def cpu(idle: dict[str, Any]) -> str:
+        return f"{idle['client_cpu_pct']:.2f} % / {idle['remote_cpu_pct']:.2f} %"
+
+    burst = fs["burst"]
+    rows = [
+        "| measure | target | filesync watch | unison -repeat 1 | met |", "|---|---|---|---|---|",
+        f"| host write → remote has it, p50 / p95 (3k-file tree, {w['edits']} edits) | "
+        f"≤ 300 ms / ≤ 1 s | {_ms(fs['host_to_remote'])} | {peer('host_to_remote')} | "
+        f"{_met(fs['host_to_remote'])} |",
+        f"| remote write → host has it, p50 / p95 (3k-file tree, {w['edits']} edits) | "
+        f"≤ 300 ms / ≤ 1 s | {_ms(fs['remote_to_host'])} | {peer('remote_to_host')} | "
+        f"{_met(fs['remote_to_host'])} |",
+        f"| idle CPU, 3k-file tree, client / remote | — | {cpu(fs['idle_3k'])} | "
+        f"{cpu(un['idle_3k']) if 'idle_3k' in un else 'not run'} | |",
+    ]
+    if big:
+        idle_ok = max(big["client_cpu_pct"], big["remote_cpu_pct"]) <= 1.0
+        rows += [
+            f"| idle CPU, {big['files'] // 1000}k-file tree, client / remote | ≤ 1 % of a core "
+            f"| {cpu(big)} | not run | {'yes' if idle_ok else '**no**'} |",
+            f"| client RSS while watching {big['files'] // 1000}k files | ≤ 150 MiB | "
+            f"{big['VmRSS']:.1f} MiB (peak {big['VmHWM']:.1f}) | not run | "
+            f"{'yes' if big['VmRSS'] <= 150 else '**no**'} |",
+            f"| host write → remote, {big['files'] // 1000}k-file tree, p50 / p95 "
+            f"({big['host_to_remote']['n']} edits) | — | {_ms(big['host_to_remote'])} | "
+            "not run | |",
+            f"| remote write → host, {big['files'] // 1000}k-file tree, p50 / p95 "
+            f"({big['remote_to_host']['n']} edits) | — | {_ms(big['remote_to_host'])} | "
+            "not run | |",
+        ]
+    rows.append(
+        f"| a burst of {w['burst_files']:,} new files on the host | ≤ 3 passes, all across, "
+        f"none half-written | {burst['passes']} passes, {burst['wrong']} wrong, all across "
+        f"{burst['all_across_seconds']:.2f} s after the first write | not run | "
+        f"{'yes' if burst['passes'] <= 3 and not burst['wrong'] else '**no**'} |")
+    return "\n".join(rows)
+
+
+def _met(lat: dict[str, float]) -> str:
+    return "yes" if lat["p50"] <= 0.3 and lat["p95"] <= 1.0 else "**no**"
 
 
 def extras(res: dict[str, Any]) -> str:
@@ -220,6 +279,10 @@ def generated(res: dict[str, Any], json_path: Path, chart_names: list[str]) -> s
         parts += ["![measured / goal per target](benchmarks/targets.png)", ""]
     parts += ["### Every comparison (medians of alternating runs)", "", steps_table(res), "",
               extras(res), ""]
+    watch = watch_table(res)
+    if watch:
+        parts += ["### Continuous sync (step 9; see the section above for the method)", "",
+                  watch, ""]
     if "times.png" in chart_names:
         parts += ["![median wall time per comparison](benchmarks/times.png)", ""]
     if "pull_wire.png" in chart_names:
