@@ -98,9 +98,10 @@ async def run_command(req: Request, pool: EndpointConduits) -> int:
 def _directory_job(target: Target, local: Path, opts: Options,
                    plan_filter: PlanFilter | None) -> Pairs:
     """The one pass of a directory pair, known before the connection: its listing is
-    asked for in the same write as the helper's source."""
+    asked for in the same write as the helper's source, and its host walk starts with
+    the job."""
     run = PassRun(local, target.path, opts, plan_filter)
-    return Pairs(Job(target, _fixed([run]), (target.path, opts.rule)),
+    return Pairs(Job(target, _fixed([run]), run),
                  [(target.label(), local, target.path)])
 
 

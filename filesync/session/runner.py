@@ -24,7 +24,17 @@ Guarantees:
   journaled steps, nothing half-applied, and get the deadline's error as their result;
 - with ``keep_going=False`` a job stops at its first failed pass; a lost connection or a
   self-sync refusal always ends its job, and is then also its ``error`` (the passes it
-  left unrun share it).
+  left unrun share it);
+- a job whose first pass is known before its connection (``Job.first_pass``) has that
+  pass's host walk started before anything else of the run, so that it runs while ssh
+  logs in and the helper starts; the pass takes it as the walk it would have started
+  itself (``run_pass``'s ``walk``). Every walk the runner starts has ended when ``run``
+  returns, whatever became of its job (a failed connection or plan, the deadline).
+
+Ordering: a pass's host walk and remote listing are taken before the pair's lock is held
+(``run_pass`` starts both before the state opens); what needs the lock follows it: the
+state's reads, the recovery of an interrupted apply (after which the host is walked
+again) and every write. An early walk keeps those rules: it is only taken sooner.
 
 Passes of different jobs that read one local root share their host walks and reads
 (``HostScans``); warm state (endpoints, state, watched trees, memos) is the runner's
@@ -42,7 +52,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from filesync.core import deferred
-from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Action
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
@@ -50,7 +59,8 @@ from filesync.endpoint.renamed import RenamedEndpoint
 from filesync.errors import ConnectionLost, FilesyncError, SelfSync, UsageError
 from filesync.host.shared_scan import HostScans
 from filesync.session.selfsync import refuse_self_sync
-from filesync.sync.engine import Options, Report, run_pass
+from filesync.sync import plan as planning
+from filesync.sync.engine import Options, Report, first_listing, run_pass
 from filesync.sync.warm import WarmState
 from filesync.transport.base import Conduit
 from filesync.transport.pool import Conduits
@@ -96,13 +106,14 @@ Plan = Callable[[Conduit, Endpoint], Awaitable[list[PassRun]]]
 class Job:
     """Passes that share one connection to ``target``, planned once it is up.
 
-    ``first_listing``: the first pass's remote path (as written) and rule, where they are
-    known before the connection is: its listing request then rides behind the helper's
-    source, so the remote walks while the helper's hello is still on its way."""
+    ``first_pass``: the job's first pass, where it is known before the connection (the
+    plan is still what runs): its listing request rides behind the helper's source, so
+    the remote walks while the helper's hello is still on its way, and its host walk
+    starts with the job, so the host is walked while ssh logs in."""
 
     target: Target
     plan: Plan
-    first_listing: tuple[str, ExcludeRule] | None = None
+    first_pass: PassRun | None = None
 
 
 @dataclass
@@ -187,22 +198,29 @@ class Runner:
         return restored
 
     async def _run(self, jobs: Sequence[Job], outcomes: list[JobOutcome], how: _Run) -> None:
-        ready = await asyncio.gather(*(self._plan(j, how, True) for j in jobs))
-        refused = [r.error for r in ready if isinstance(r, _Refused)]
-        if refused:
-            for r in ready:
+        walks = _walks_ahead(jobs, self.warm)
+        try:
+            ready = await asyncio.gather(*(self._plan(j, how, True) for j in jobs))
+            refused = [r.error for r in ready if isinstance(r, _Refused)]
+            if refused:
+                for r in ready:
+                    if isinstance(r, _Ready):
+                        await self.pool.release(r.conduit, True)
+                raise refused[0]
+            _share_host_scans([r for r in ready if isinstance(r, _Ready)])
+            runs = []
+            for job, outcome, r, walk in zip(jobs, outcomes, ready, walks, strict=True):
                 if isinstance(r, _Ready):
-                    await self.pool.release(r.conduit, True)
-            raise refused[0]
-        _share_host_scans([r for r in ready if isinstance(r, _Ready)])
-        runs = []
-        for job, outcome, r in zip(jobs, outcomes, ready, strict=True):
-            if isinstance(r, _Ready):
-                runs.append(self._passes(job, outcome, r, how))
-            else:
-                assert not isinstance(r, _Refused)
-                outcome.error, outcome.done = r, True
-        await asyncio.gather(*runs)
+                    r.walk = walk
+                    runs.append(self._passes(job, outcome, r, how))
+                else:
+                    assert not isinstance(r, _Refused)
+                    outcome.error, outcome.done = r, True
+            await asyncio.gather(*runs)
+        finally:
+            for walk in walks:
+                if walk is not None:
+                    await walk.join()
 
     async def _plan(self, job: Job, how: _Run, may_retry: bool
                     ) -> _Ready | _Refused | FilesyncError:
@@ -213,9 +231,10 @@ class Runner:
             return exc
         retry = may_retry and reused and self.renewable
         try:
+            first = job.first_pass
             endpoint = await self.warm.endpoints.endpoint_for(
-                conduit, self.log, job.first_listing, watch=self.warm.watching,
-                idle=how.idle)
+                conduit, self.log, first_listing(first.remote, first.opts) if first else None,
+                watch=self.warm.watching, idle=how.idle)
             return _Ready(conduit, retry, await job.plan(conduit, endpoint))
         except ConnectionLost as exc:
             await self.pool.release(conduit, False)
@@ -276,7 +295,8 @@ class Runner:
         for n, p in enumerate(passes):
             try:
                 report = await run_pass(conduit, p.local, p.remote, p.opts, p.plan_filter,
-                                        check, warm=self.warm, host_scans=ready.shared)
+                                        check, warm=self.warm, host_scans=ready.shared,
+                                        walk=ready.walk if n == 0 else None)
             except ConnectionLost as exc:
                 if n == 0 and ready.may_retry:
                     raise _DiedIdle from exc
@@ -344,6 +364,19 @@ class _Ready:
     passes: list[PassRun]
     #: the host scans the run's passes share (a fan-out over one local root), if any
     shared: HostScans | None = None
+    #: the host walk started with the job (``Job.first_pass``), for its first pass
+    walk: planning.Walk | None = None
+
+
+def _walks_ahead(jobs: Sequence[Job], warm: WarmState) -> list[planning.Walk | None]:
+    """The host walk of each job's known first pass, started now. None for a root that
+    the first passes of several jobs read: a fan-out's passes share one walk per root
+    (``HostScans``) instead."""
+    firsts = [j.first_pass for j in jobs]
+    roots = Counter(p.local for p in firsts if p is not None)
+    return [planning.start_walk(p.local, p.opts.rule, warm.trees)
+            if p is not None and roots[p.local] == 1 else None
+            for p in firsts]
 
 
 def _share_host_scans(ready: list[_Ready]) -> None:

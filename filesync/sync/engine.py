@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filesync.core import deferred
+from filesync.core.exclude import ExcludeRule
 from filesync.core.guards import check_deletions, check_roots
 from filesync.core.model import Skipped
 from filesync.core.reconcile import Action
@@ -112,6 +113,7 @@ async def run_pass(
     *,
     warm: WarmState | None = None,
     host_scans: HostScans | None = None,
+    walk: planning.Walk | None = None,
 ) -> Report:
     """Run one pass; see ``filesync.sync.transition`` for how the plan is carried out.
 
@@ -123,11 +125,14 @@ async def run_pass(
     ``warm``: the owner's warm state the pass uses and adds to (``filesync.sync.warm``);
     None runs it cold: the endpoint it starts on the conduit is ended when it returns,
     and nothing is kept. ``host_scans``: the walks and reads shared with the other passes
-    of a fan-out (``filesync.host.shared_scan``)."""
+    of a fan-out (``filesync.host.shared_scan``). ``walk``: the host walk its caller
+    started ahead (``planning.start_walk``; the runner's, with the job), taken when it is
+    the walk this pass would start and shares none; else the pass starts its own before
+    the helper. Either way the pass has joined every walk it took when it returns."""
     owner = warm if warm is not None else WarmState(keep_state=False)
     try:
         return await _run(conduit, local_root, remote_path, opts, plan_filter, guard, owner,
-                          host_scans)
+                          host_scans, walk)
     finally:
         if warm is None:
             await owner.close()
@@ -142,18 +147,40 @@ async def _run(
     guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None,
     warm: WarmState,
     host_scans: HostScans | None,
+    ahead: planning.Walk | None,
 ) -> Report:
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
-    sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The host walks while the helper starts (on a fresh conduit: while ssh still logs in).
     # (A fan-out's passes share one walk instead: ``HostScans``, taken by ``scan``.)
-    walk = (planning.start_walk(local_root, opts.rule, warm.trees)
-            if host_scans is None else None)
+    walk = None
+    if host_scans is None:
+        walk = (ahead if ahead is not None and ahead.fits(local_root, opts.rule, warm.trees)
+                else planning.start_walk(local_root, opts.rule, warm.trees))
+    try:
+        return await _run_walking(conduit, local_root, remote_path, opts, plan_filter, guard,
+                                  warm, host_scans, walk, started)
+    finally:
+        if walk is not None:
+            await walk.join()  # a pass that failed before its scan left it walking
+
+
+async def _run_walking(
+    conduit: Conduit,
+    local_root: Path,
+    remote_path: str,
+    opts: Options,
+    plan_filter: Callable[[list[Action]], list[Action]] | None,
+    guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None,
+    warm: WarmState,
+    host_scans: HostScans | None,
+    walk: planning.Walk | None,
+    started: float,
+) -> Report:
+    sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The first listing rides behind the helper's source: no round trip is waited for.
-    remote_rule = opts.rule if opts.rename is None else opts.rename.rule
     endpoint = remote = await warm.endpoints.endpoint_for(
-        conduit, opts.log, (remote_path, remote_rule), warm.watching, opts.idle_timeout)
+        conduit, opts.log, first_listing(remote_path, opts), warm.watching, opts.idle_timeout)
     if opts.rename is not None:
         endpoint = RenamedEndpoint(endpoint, opts.rename)
     ok = False
@@ -207,10 +234,23 @@ async def _pass(
     walk: planning.Walk | None,
     checking: Awaitable[None] | None = None,
 ) -> None:
-    opts = inputs.opts
     if checking is not None and inputs.state.journal_path.exists():
         await checking  # the recovery in ``scan`` changes the host tree
     walk = await planning.recover_host(inputs, walk)
+    try:
+        await _after_recovery(inputs, report, plan_filter, walk, checking)
+    finally:
+        if walk is not None:
+            await walk.join()  # one the recovery started, left walking by a failure
+
+
+async def _after_recovery(
+    inputs: PassInputs, report: Report,
+    plan_filter: Callable[[list[Action]], list[Action]] | None,
+    walk: planning.Walk | None,
+    checking: Awaitable[None] | None,
+) -> None:
+    opts = inputs.opts
     sealed = await sealing.check(inputs, walk)
     if isinstance(sealed, sealing.Sealed):
         if checking is not None:
@@ -271,6 +311,12 @@ def _retain(inputs: PassInputs, open_conflicts: list[ConflictRecord]) -> list[Pr
     return pruned
 
 
+def first_listing(remote_path: str, opts: Options) -> tuple[str, ExcludeRule]:
+    """What a pass has its helper list first: its remote path as written, under the rule
+    the remote side is listed by (the rename's, where the pass renames)."""
+    return remote_path, opts.rule if opts.rename is None else opts.rename.rule
+
+
 def plan_row(a: Action) -> dict[str, str]:
     """A planned step as JSON: a push conflict reads ``conflict -> upload``."""
     action = a.kind.value if a.then is None else f"{a.kind.value} -> {a.then.value}"
@@ -287,5 +333,5 @@ class TransferFailed(FilesyncError):
         self.report = report
 
 
-__all__ = ["Change", "ChangeAction", "Options", "Report", "TransferFailed", "plan_row",
-           "run_pass"]
+__all__ = ["Change", "ChangeAction", "Options", "Report", "TransferFailed", "first_listing",
+           "plan_row", "run_pass"]

@@ -13,7 +13,7 @@ those two where their inputs compare equal (``sync.memo``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import dataclass
@@ -86,21 +86,43 @@ def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
 
 @dataclass
 class Walk:
-    """A host walk under way in a thread (``start_walk``), taken by ``scan``."""
+    """A host walk of ``local_root`` under ``rule`` (through ``trees``, the owner's watched
+    trees, if any) under way in a thread (``start_walk``), taken by ``scan``."""
 
     started_ns: int
     listing: asyncio.Future[Listing]
+    local_root: Path
+    rule: ExcludeRule
+    trees: WatchedTrees | None
+    #: the thread's own future, done only once the thread is: ``listing`` is cancelled at
+    #: once when a task awaiting it is, while its thread walks on
+    thread: concurrent.futures.Future[Listing]
+
+    def fits(self, local_root: Path, rule: ExcludeRule, trees: WatchedTrees | None) -> bool:
+        """Whether this is the walk a pass of ``local_root`` under ``rule`` would start."""
+        return self.local_root == local_root and self.rule == rule and self.trees is trees
+
+    async def join(self) -> None:
+        """Wait until the walk's thread is done, whatever became of ``listing``, even if
+        this task is cancelled meanwhile (``wait_out``): whoever started a walk joins it
+        before it returns, so no walk outlives the pass or run that started it."""
+        done = asyncio.wrap_future(self.thread)
+        await wait_out(done)
+        if not done.cancelled():
+            done.exception()  # the walk's failure is its reader's to raise, or nobody's
 
 
 def start_walk(local_root: Path, rule: ExcludeRule, trees: WatchedTrees | None) -> Walk:
-    """Start the host walk (stat only) in a thread now: ``run_pass`` starts it before the
-    remote helper, so that it overlaps the helper's start and its listing."""
+    """Start the host walk (stat only) in a thread now, so that it overlaps ssh's login,
+    the helper's start and its listing: the runner starts a job's first walk with the
+    job, ``run_pass`` the walk of a pass it was given none for before the helper."""
     started_ns = time.time_ns()
     # Submitted at once (a task would start the thread only at the first await).
-    listing = offthread.start(list_local, local_root, rule, trees)
+    thread = offthread.EXECUTOR.submit(list_local, local_root, rule, trees)
+    listing = asyncio.wrap_future(thread)
     # A pass that fails before ``scan`` leaves it unread: that is no error of its own.
     listing.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return Walk(started_ns, listing)
+    return Walk(started_ns, listing, local_root, rule, trees, thread)
 
 
 async def recover_host(inputs: PassInputs, walk: Walk | None) -> Walk | None:
@@ -114,8 +136,7 @@ async def recover_host(inputs: PassInputs, walk: Walk | None) -> Walk | None:
         if shared is not None:
             shared.changed(inputs.local_root)  # recover is about to change the host tree
         if walk is not None:
-            with contextlib.suppress(Exception):
-                await walk.listing  # walked before the recovery: stale
+            await walk.join()  # walked before the recovery: stale
             walk = None
     if state.journal_path.exists() or state.staging.exists():
         # Loaded here: the journal's apply code loads only when there is something to

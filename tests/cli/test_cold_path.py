@@ -1,6 +1,7 @@
-"""The plain CLI's cold path: a directory pair's job names its first listing before any
-connection, so the runner asks for it in the same write as the helper's source
-(``filesync.session.runner.Job.first_listing``; the runner's tests show the write); and
+"""The plain CLI's cold path: a directory pair's job names its first pass before any
+connection, so the runner asks for its listing in the same write as the helper's source
+and walks its host tree meanwhile (``filesync.session.runner.Job.first_pass``; the
+runner's tests show both); and
 the parsing before the login declares only the options of the command run; and a sealed
 no-op loads none of the code it never runs (``filesync.core.deferred``)."""
 
@@ -20,7 +21,7 @@ from filesync.cli.main import parse, request_from
 from filesync.core.reconcile import Direction
 
 
-def test_a_directory_pair_names_its_first_listing(tmp_path: Path) -> None:
+def test_a_directory_pair_names_its_first_pass(tmp_path: Path) -> None:
     (tmp_path / "local").mkdir()
     req = request_from(parse(["push", str(tmp_path / "local"), "host:dir/sub",
                               "--exclude", "*.log"]))
@@ -28,7 +29,9 @@ def test_a_directory_pair_names_its_first_listing(tmp_path: Path) -> None:
     assert req.local is not None
     opts = _options(req, Direction.PUSH, req.local)
     pairs = _directory_job(target, req.local, opts, None)
-    assert pairs.job.first_listing == ("dir/sub", opts.rule)
+    first = pairs.job.first_pass
+    assert first is not None and (first.local, first.remote, first.opts) == (
+        req.local, "dir/sub", opts)
     assert pairs.rows == [(target.label(), req.local, "dir/sub")]
 
 

@@ -3,15 +3,22 @@ one retry policy, its self-sync guard and its deadline, over the local transport
 remote helper is a real local process) and remote shells reached through ``via``.
 
 The pool is the agent's (``KeptConduits``): it keeps connections between runs, as the
-agent and a session do, so that a connection can die while idle."""
+agent and a session do, so that a connection can die while idle.
+
+A job's known first pass has its host walk started with the job: the tests of it script
+the helper's start (held until the walk is done, or failing) and the host walk (held
+until the runner joins it), waiting on events only."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from synctree import snapshot, write
+from walkscript import BOUND, ScriptedWalks, script_helper_start
 
 from filesync.agent.server import KeptConduits
 from filesync.core.exclude import ExcludeRule
@@ -89,12 +96,11 @@ class Rig:
         write(other / "b.txt", "b\n")
         return other
 
-    def job(self, target: Target, *passes: PassRun,
-            first_listing: tuple[str, ExcludeRule] | None = None) -> Job:
+    def job(self, target: Target, *passes: PassRun, first_pass: PassRun | None = None) -> Job:
         async def plan(_conduit: Conduit, _endpoint: object) -> list[PassRun]:
             return list(passes)
 
-        return Job(target, plan, first_listing)
+        return Job(target, plan, first_pass)
 
     def push(self, local: Path, remote: Path, remote_root: str | None = None) -> PassRun:
         return PassRun(local, str(remote), Options(Direction.PUSH, rule=RULE,
@@ -208,8 +214,8 @@ async def test_a_known_first_listing_is_asked_for_with_the_helper_source(
         tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     try:
-        job = rig.job(rig.here, rig.push(rig.local, rig.remote),
-                      first_listing=(str(rig.remote), RULE))
+        first = rig.push(rig.local, rig.remote)
+        job = rig.job(rig.here, first, first_pass=first)
         (outcome,) = await rig.run(job)
         assert outcome.error is None and report_of(outcome).uploaded == 1
         # The source and the listing request leave in one write: the remote walks before
@@ -256,4 +262,65 @@ async def test_the_deadline_bounds_the_whole_run(tmp_path: Path) -> None:
                                 deadline=Deadline(600, lambda: expired))
         assert done.error is None and report_of(done).uploaded == 1
     finally:
+        await rig.close()
+
+
+async def test_a_known_first_pass_is_walked_before_the_helper_has_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(tmp_path)
+    walks = ScriptedWalks(monkeypatch)
+    walked_first: list[bool] = []
+
+    async def walk_done() -> None:  # the helper starts only once the host is walked
+        walked_first.append(await asyncio.to_thread(walks.done.wait, BOUND))
+
+    script_helper_start(monkeypatch, walk_done)
+    try:
+        first = rig.push(rig.local, rig.remote)
+        (outcome,) = await rig.run(rig.job(rig.here, first, first_pass=first))
+        assert outcome.error is None and report_of(outcome).uploaded == 1
+        # The walk ran while the helper started, and the pass took it: no second walk.
+        assert walked_first == [True] and walks.calls == 1
+        assert snapshot(rig.remote) == snapshot(rig.local)
+    finally:
+        walks.release.set()
+        await rig.close()
+
+
+async def test_an_early_walk_that_is_not_the_first_pass_s_is_not_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan decides the passes: a first pass named ahead that the plan does not run
+    # first walks for nothing, and the pass the plan runs walks its own tree.
+    rig = Rig(tmp_path)
+    walks = ScriptedWalks(monkeypatch)
+    try:
+        named = rig.push(rig.other_tree(), rig.remote)
+        (outcome,) = await rig.run(rig.job(rig.here, rig.push(rig.local, rig.remote),
+                                           first_pass=named))
+        assert outcome.error is None and report_of(outcome).uploaded == 1
+        assert snapshot(rig.remote) == snapshot(rig.local) and walks.calls == 2
+    finally:
+        await rig.close()
+
+
+async def test_a_failed_helper_start_leaves_no_walk_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(tmp_path)
+    walks = ScriptedWalks(monkeypatch, hold=True)
+    failure = TransportError("the helper did not start (test)")
+
+    async def fail_while_walking() -> None:
+        assert await asyncio.to_thread(walks.inside.wait, BOUND)
+        raise failure
+
+    script_helper_start(monkeypatch, fail_while_walking)
+    walks.release_on_join()  # the walk goes on until the runner waits for it
+    try:
+        first = rig.push(rig.local, rig.remote)
+        (outcome,) = await rig.run(rig.job(rig.here, first, first_pass=first))
+        walks.events.append("run returned")
+        assert outcome.error is failure and not outcome.passes
+        assert walks.events == ["walk done", "run returned"]
+    finally:
+        walks.release.set()
         await rig.close()

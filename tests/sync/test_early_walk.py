@@ -1,7 +1,8 @@
 """The host walk that ``run_pass`` starts before the helper (``planning.start_walk``).
 
 It runs while the helper starts (over SSH: while ssh still logs in); ``scan`` uses it
-unless the replay of an interrupted apply changed the host tree after it was taken.
+unless the replay of an interrupted apply changed the host tree after it was taken. A
+pass that fails has waited for it first: no walk outlives the pass that started it.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from synctree import write
+from walkscript import BOUND, ScriptedWalks, script_helper_start
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.connect import Endpoints
+from filesync.errors import TransportError
 from filesync.host.apply import HostOp
 from filesync.host.journal import Journal
 from filesync.host.state import PairState
 from filesync.sync import plan as planning
-from filesync.sync.engine import Options
+from filesync.sync.engine import Options, run_pass
 from filesync.sync.inputs import PassInputs, Scans
 from filesync.sync.staging import StagingSink
 from filesync.transport.local import local_conduit
@@ -72,3 +76,32 @@ def test_a_walk_taken_before_a_journal_replay_is_walked_again(tmp_path: Path) ->
     scans = scan_with_early_walk(tmp_path, journal_deletes="gone.txt")
     assert not (tmp_path / "local" / "gone.txt").exists()  # the replay deleted it
     assert set(scans.local.listing.files()) == {"keep.txt"}
+
+
+def test_a_pass_whose_helper_fails_to_start_waits_for_its_walk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "local" / "a.txt", "a\n")
+    walks = ScriptedWalks(monkeypatch, hold=True)
+    failure = TransportError("the helper did not start (test)")
+
+    async def fail_while_walking() -> None:
+        assert await asyncio.to_thread(walks.inside.wait, BOUND)
+        raise failure
+
+    script_helper_start(monkeypatch, fail_while_walking)
+    walks.release_on_join()  # the walk goes on until the pass waits for it
+
+    async def main() -> None:
+        conduit = local_conduit()
+        try:
+            with pytest.raises(TransportError) as raised:
+                await run_pass(conduit, tmp_path / "local", str(tmp_path / "remote"),
+                               Options(Direction.PUSH, rule=RULE, state_dir=tmp_path / "s"))
+            walks.events.append("pass returned")
+            assert raised.value is failure
+        finally:
+            walks.release.set()
+            await conduit.close()
+
+    asyncio.run(main())
+    assert walks.events == ["walk done", "pass returned"]
