@@ -5,6 +5,7 @@ an event another thread sets, bounded only so that a broken rule fails instead o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from filesync.endpoint.helper import HelperEndpoint
+from filesync.errors import FilesyncError
 from filesync.sync import plan as planning
 from filesync.transport.base import Conduit
 
@@ -67,3 +69,16 @@ def script_helper_start(monkeypatch: pytest.MonkeyPatch,
         return await real(conduit, **kw)
 
     monkeypatch.setattr(HelperEndpoint, "start", start)
+
+
+def fail_helper_start_while_walking(monkeypatch: pytest.MonkeyPatch, walks: ScriptedWalks,
+                                    failure: FilesyncError) -> None:
+    """The helper fails to start (``failure``) while the host walk is under way, and the
+    walk goes on until its starter waits for it."""
+
+    async def fail() -> None:
+        assert await asyncio.to_thread(walks.inside.wait, BOUND)
+        raise failure
+
+    script_helper_start(monkeypatch, fail)
+    walks.release_on_join()

@@ -130,12 +130,22 @@ async def run_pass(
     the walk this pass would start and shares none; else the pass starts its own before
     the helper. Either way the pass has joined every walk it took when it returns."""
     owner = warm if warm is not None else WarmState(keep_state=False)
+    # The host walks while the helper starts (on a fresh conduit: while ssh still logs in).
+    # (A fan-out's passes share one walk instead: ``HostScans``, taken by ``scan``.)
+    if host_scans is not None:
+        walk = None
+    elif walk is None or not walk.fits(local_root, opts.rule, owner.trees):
+        walk = planning.start_walk(local_root, opts.rule, owner.trees)
     try:
         return await _run(conduit, local_root, remote_path, opts, plan_filter, guard, owner,
                           host_scans, walk)
     finally:
-        if warm is None:
-            await owner.close()
+        try:
+            if walk is not None:
+                await walk.join()  # a pass that failed before its scan left it walking
+        finally:
+            if warm is None:
+                await owner.close()
 
 
 async def _run(
@@ -147,36 +157,10 @@ async def _run(
     guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None,
     warm: WarmState,
     host_scans: HostScans | None,
-    ahead: planning.Walk | None,
+    walk: planning.Walk | None,
 ) -> Report:
     started = time.monotonic()
     planning.require_local_source(opts.direction, local_root)
-    # The host walks while the helper starts (on a fresh conduit: while ssh still logs in).
-    # (A fan-out's passes share one walk instead: ``HostScans``, taken by ``scan``.)
-    walk = None
-    if host_scans is None:
-        walk = (ahead if ahead is not None and ahead.fits(local_root, opts.rule, warm.trees)
-                else planning.start_walk(local_root, opts.rule, warm.trees))
-    try:
-        return await _run_walking(conduit, local_root, remote_path, opts, plan_filter, guard,
-                                  warm, host_scans, walk, started)
-    finally:
-        if walk is not None:
-            await walk.join()  # a pass that failed before its scan left it walking
-
-
-async def _run_walking(
-    conduit: Conduit,
-    local_root: Path,
-    remote_path: str,
-    opts: Options,
-    plan_filter: Callable[[list[Action]], list[Action]] | None,
-    guard: Callable[[Endpoint, Path, str], Awaitable[None]] | None,
-    warm: WarmState,
-    host_scans: HostScans | None,
-    walk: planning.Walk | None,
-    started: float,
-) -> Report:
     sent0, recv0 = conduit.bytes_sent, conduit.bytes_received
     # The first listing rides behind the helper's source: no round trip is waited for.
     endpoint = remote = await warm.endpoints.endpoint_for(

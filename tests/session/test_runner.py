@@ -18,7 +18,12 @@ from typing import Any
 
 import pytest
 from synctree import snapshot, write
-from walkscript import BOUND, ScriptedWalks, script_helper_start
+from walkscript import (
+    BOUND,
+    ScriptedWalks,
+    fail_helper_start_while_walking,
+    script_helper_start,
+)
 
 from filesync.agent.server import KeptConduits
 from filesync.core.exclude import ExcludeRule
@@ -308,13 +313,7 @@ async def test_a_failed_helper_start_leaves_no_walk_running(
     rig = Rig(tmp_path)
     walks = ScriptedWalks(monkeypatch, hold=True)
     failure = TransportError("the helper did not start (test)")
-
-    async def fail_while_walking() -> None:
-        assert await asyncio.to_thread(walks.inside.wait, BOUND)
-        raise failure
-
-    script_helper_start(monkeypatch, fail_while_walking)
-    walks.release_on_join()  # the walk goes on until the runner waits for it
+    fail_helper_start_while_walking(monkeypatch, walks, failure)
     try:
         first = rig.push(rig.local, rig.remote)
         (outcome,) = await rig.run(rig.job(rig.here, first, first_pass=first))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from synctree import write
-from walkscript import BOUND, ScriptedWalks, script_helper_start
+from walkscript import ScriptedWalks, fail_helper_start_while_walking
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
@@ -83,13 +83,7 @@ def test_a_pass_whose_helper_fails_to_start_waits_for_its_walk(
     write(tmp_path / "local" / "a.txt", "a\n")
     walks = ScriptedWalks(monkeypatch, hold=True)
     failure = TransportError("the helper did not start (test)")
-
-    async def fail_while_walking() -> None:
-        assert await asyncio.to_thread(walks.inside.wait, BOUND)
-        raise failure
-
-    script_helper_start(monkeypatch, fail_while_walking)
-    walks.release_on_join()  # the walk goes on until the pass waits for it
+    fail_helper_start_while_walking(monkeypatch, walks, failure)
 
     async def main() -> None:
         conduit = local_conduit()
