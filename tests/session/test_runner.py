@@ -30,6 +30,7 @@ from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.errors import FilesyncError, SelfSync, TransportError
+from filesync.host.watched import WatchedTree
 from filesync.session.runner import Deadline, Job, JobOutcome, PassRun, Runner
 from filesync.sync.engine import Options, Report
 from filesync.sync.warm import WarmState
@@ -85,11 +86,11 @@ class RecordingConduits(KeptConduits):
 class Rig:
     """A runner over a pool that keeps its connections, and the trees of one pair."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, watch: bool = False) -> None:
         self.tmp = tmp
         self.local, self.remote, self.state = tmp / "local", tmp / "remote", tmp / "state"
         write(self.local / "a.txt", "a\n")
-        self.warm = WarmState()
+        self.warm = WarmState(watch=watch)
         self.pool = RecordingConduits(self.warm)
         self.runner = Runner(self.pool, self.warm, ConnectOptions())
         #: the remote side as the local transport reaches it
@@ -322,4 +323,33 @@ async def test_a_failed_helper_start_leaves_no_walk_running(
         assert walks.events == ["walk done", "run returned"]
     finally:
         walks.release.set()
+        await rig.close()
+
+
+async def test_an_owner_that_watches_walks_ahead_through_its_watched_trees(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent's warm state watches: a known first pass is walked ahead through the
+    # owner's watched tree, and the pass takes that walk, a refresh from the second on.
+    rig = Rig(tmp_path, watch=True)
+    walks = ScriptedWalks(monkeypatch)
+    watched: list[bool] = []  # per listing: served by the watch
+    real_listing = WatchedTree.listing
+
+    def listing(tree: WatchedTree) -> Any:
+        got = real_listing(tree)
+        watched.append(got is not None)
+        return got
+
+    monkeypatch.setattr(WatchedTree, "listing", listing)
+    try:
+        first = rig.push(rig.local, rig.remote)
+        uploaded = []
+        for edit in ("b.txt", "c.txt"):
+            write(rig.local / edit, f"{edit}\n")
+            (outcome,) = await rig.run(rig.job(rig.here, first, first_pass=first))
+            assert outcome.error is None
+            uploaded.append(report_of(outcome).uploaded)
+        assert uploaded == [2, 1] and walks.calls == 2 and watched == [True, True]
+        assert snapshot(rig.remote) == snapshot(rig.local)
+    finally:
         await rig.close()
