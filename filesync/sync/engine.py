@@ -225,7 +225,7 @@ async def _pass(
         await _after_recovery(inputs, report, plan_filter, walk, checking)
     finally:
         if walk is not None:
-            await walk.join()  # one the recovery started, left walking by a failure
+            await walk.join()  # (a new one, if the recovery started it) a failure left walking
 
 
 async def _after_recovery(
