@@ -29,11 +29,19 @@ from __future__ import annotations
 
 import enum
 import errno
-import hashlib
-import json
 import struct
 import zlib
-from typing import Any
+
+try:  # ``hashlib`` would load OpenSSL and read its configuration first
+    from _blake2 import blake2b
+except ImportError:  # a Python built without its own BLAKE2
+    from hashlib import blake2b
+
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: The wire's version, in the hello; 2: ``W`` (binary header) replaced ``F`` (JSON header).
 PROTOCOL = 2
@@ -193,9 +201,71 @@ def frame(kind: bytes, payload: bytes) -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
+class _Decoding:
+    """What ``json.loads`` configures its C scanner with (``json.JSONDecoder``'s defaults)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    array_hook = None  # read from Python 3.15 on
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"),
+                      "NaN": float("nan")}.__getitem__
+
+
+def _unencodable(obj: object) -> object:
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+#: JSON's whitespace, which ``json.loads`` skips before and after the value.
+_BLANK = " \t\n\r"
+
+
+def json_codec(native: bool = True) -> tuple[Callable[[str], Any], Callable[[Any], str]]:
+    """``json.loads`` and ``json.dumps`` (compact separators), the same C code run the same
+    way, but without importing ``json``: that module imports ``re`` and compiles its
+    expressions, a sixth of the remote helper's start-up. ``json`` itself where its C part
+    is missing or takes other arguments (another Python), or ``native`` is False."""
+    try:
+        if not native:
+            raise ImportError("json asked for")
+        from _json import encode_basestring_ascii, make_encoder, make_scanner
+
+        scan = make_scanner(_Decoding())  # type: ignore[arg-type]
+        make_encoder({}, _unencodable, encode_basestring_ascii, None, ":", ",", False, False,
+                     True)
+    except (ImportError, TypeError, AttributeError):
+        import json
+        from functools import partial
+
+        return json.loads, partial(json.dumps, separators=(",", ":"))
+
+    def loads(text: str) -> Any:
+        text = text.strip(_BLANK)
+        try:
+            obj, end = scan(text, 0)
+        except StopIteration:
+            raise ValueError("expecting a JSON value") from None
+        if end != len(text):
+            raise ValueError("extra data after the JSON value")
+        return obj
+
+    def dumps(obj: Any) -> str:
+        # A new encoder per call, as json.dumps makes one: its circular-reference
+        # markers are left behind by a call that fails.
+        return "".join(make_encoder({}, _unencodable, encode_basestring_ascii, None, ":", ",",
+                                    False, False, True)(obj, 0))
+
+    return loads, dumps
+
+
+_loads, _dumps = json_codec()
+
+
 def encode_json(obj: dict[str, Any]) -> bytes:
     """A JSON object as a frame's payload (names that are not UTF-8 survive)."""
-    return json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    return _dumps(obj).encode("utf-8", "surrogateescape")
 
 
 def decode_json(kind: bytes, payload: bytes) -> dict[str, Any]:
@@ -207,7 +277,7 @@ def decode_json(kind: bytes, payload: bytes) -> dict[str, Any]:
             payload = inflate.decompress(payload, MAX_JSON)
             if inflate.unconsumed_tail:
                 raise ValueError("decompressed frame too large")
-        obj = json.loads(payload.decode("utf-8", "surrogateescape"))
+        obj = _loads(payload.decode("utf-8", "surrogateescape"))
     except (ValueError, zlib.error, RecursionError) as exc:
         raise BadRequest(f"undecodable {kind!r} frame") from exc
     if not isinstance(obj, dict):
@@ -224,7 +294,7 @@ def json_payload(obj: dict[str, Any], kind: bytes = b"J") -> bytes:
 def listing_digest(kind: bytes, payload: bytes) -> str:
     """The digest of a listing reply frame, as the client and the helper both take it (a
     ``Seal`` holds it): the helper has only the standard library, hence BLAKE2b."""
-    h = hashlib.blake2b(kind, digest_size=16)
+    h = blake2b(kind, digest_size=16)
     h.update(payload)
     return h.hexdigest()
 
