@@ -33,8 +33,8 @@ from filesync.tree.wire import (
     decode_json,
     file_header,
     is_count,
-    json_payload,
     listing_digest,
+    listing_payload,
     reason_of,
     reason_text,
     split_whole,
@@ -157,7 +157,7 @@ class Server:
                     reply["base"] = since
                 self.generation += 1  # a new helper's first listing: ``FIRST_GENERATION``
                 reply["gen"] = self.generation
-                self.chan.send_json(reply, b"Z")
+                self.chan.write(b"Z", listing_payload(reply), True)
                 # Remembered after the reply went out: a first listing is not delayed.
                 if rows is None:
                     rows = {row[0]: row for row in entries}
@@ -168,10 +168,10 @@ class Server:
             # (``op_seal``), and the next listing is a delta against nothing.
             self.generation += 1
             reply["gen"] = self.generation
-            self.chan.send_json(reply, b"Z")
+            self.chan.write(b"Z", listing_payload(reply), True)
             self.listings.put(key, Remembered(self.generation, {}, [], 0))
             return
-        self.chan.send_json(reply, b"Z")
+        self.chan.write(b"Z", listing_payload(reply), True)
 
     def op_seal(self, req: dict[str, Any]) -> None:
         """The digest a fresh helper's first listing of the root would have, if a walk
@@ -198,7 +198,7 @@ class Server:
                     and all(map(operator.eq, entries, map(expect.get, map(ROW_KEY, entries)))):
                 reply = listing_reply(root, entries, skipped, excluded)
                 reply["gen"] = FIRST_GENERATION
-                digest = listing_digest(b"Z", json_payload(reply, b"Z"))
+                digest = listing_digest(b"Z", listing_payload(reply))
         self.chan.send_json({"digest": digest})
 
     def _list_watched(self, key: str, root: str, req: dict[str, Any],
@@ -226,7 +226,7 @@ class Server:
             reply.update(entries=delta[0], removed=delta[1], base=since)
         self.generation += 1
         reply["gen"] = self.generation
-        self.chan.send_json(reply, b"Z")
+        self.chan.write(b"Z", listing_payload(reply), True)
         self.watched.put(key, (self.generation, tree))
         return True
 

@@ -35,6 +35,7 @@ from filesync.tree.wire import (
     encode_json,
     frame_head,
     json_codec,
+    listing_payload,
     listing_row,
     ok_sent,
     result_row,
@@ -231,7 +232,43 @@ def test_the_codec_refuses_what_json_cannot_write_and_writes_on_after_it() -> No
 def test_the_codec_is_jsons_where_its_c_part_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert json_codec()[0] is not json.loads  # CPython: the C part, without json's module
     monkeypatch.setitem(sys.modules, "_json", None)
-    loads, dumps = json_codec()
+    loads, dumps, quote = json_codec()
     assert loads is json.loads
     assert dumps({"a": [1, "b"]}) == '{"a":[1,"b"]}'
+    assert quote("é\"") == '"\\u00e9\\""'
     assert json_codec(native=False)[0] is json.loads
+
+
+# -- listing replies: rows written by a format string, bytes as the encoder's -----------
+
+name_st = st.text(alphabet=st.characters(codec=None), max_size=6) | st.sampled_from(
+    ['a"b', "back\\slash", "caf\udce9", "\x00\n", "entries", '"entries":[]'])
+count_st = st.integers(min_value=0, max_value=2**64)
+row_st = st.tuples(name_st, st.just("f"), count_st, count_st, count_st, count_st, count_st)
+
+
+@settings(max_examples=300)
+@given(rows=st.lists(row_st.map(list), max_size=5), root=name_st,
+       delta=st.booleans(), as_tuples=st.booleans())
+def test_a_listing_payload_is_the_encoders_byte_for_byte(
+        rows: list[list[object]], root: str, delta: bool, as_tuples: bool) -> None:
+    entries = [tuple(row) for row in rows] if as_tuples else rows  # a watched tree's rows
+    reply: dict[str, object] = {"root": root, "exists": True, "is_dir": True,
+                                "entries": entries, "skipped": [[root, "symlink", ""]],
+                                "excluded": 3}
+    if delta:
+        reply.update(removed=[root, "x"], base=4)
+    reply["gen"] = 5
+    assert listing_payload(reply) == wire.json_payload(reply, b"Z")
+
+
+def test_a_listing_payload_of_a_walk_and_of_no_directory(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for name in ("a.txt", 'q"uote', "caf\u00e9", "d/b"):
+        (tmp_path / name).write_text(name)
+    entries, skipped, excluded = walk(str(tmp_path), ExcludeRule().matcher())
+    reply = {"root": str(tmp_path), "exists": True, "is_dir": True, "entries": entries,
+             "skipped": skipped, "excluded": excluded, "gen": 1}
+    assert listing_payload(reply) == wire.json_payload(reply, b"Z")
+    absent = {"root": "/nowhere", "exists": False, "is_dir": False, "gen": 1}
+    assert listing_payload(absent) == wire.json_payload(absent, b"Z")
