@@ -31,7 +31,6 @@ import json
 import shlex
 import zlib
 from functools import cache
-from importlib import resources
 
 #: What a remote without python3 answers instead of the helper's hello.
 NO_PYTHON = b"FILESYNC-NO-PYTHON"
@@ -166,6 +165,10 @@ main()
 @cache
 def sources() -> dict[str, str]:
     """Module name -> source of every module of ``filesync.tree`` (the package included)."""
+    # Imported here, not with this module: it brings tempfile, shutil and random, and the
+    # client imports this module before it starts ssh's login, but reads the sources after.
+    from importlib import resources
+
     out: dict[str, str] = {}
     for item in sorted(resources.files("filesync.tree").iterdir(), key=lambda i: i.name):
         if item.name.endswith(".py"):

@@ -4,7 +4,8 @@ Every cold run waits for the helper's hello and first listing, so what the helpe
 before them is paid on every run. The helper runs here as the remote runs it (``sh -c``
 the bootstrap, the bundle on stdin, its cache filled by a first run), with
 ``-X importtime`` added to its interpreter, which names every module imported after the
-interpreter's own start on stderr.
+interpreter's own start on stderr. On the client's side, the bundle module itself is
+imported before ssh's login starts, so what it needs only to build the payload waits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -91,3 +93,15 @@ def test_patterns_load_re_when_the_listing_needs_it(tmp_path: Path) -> None:
     assert [row[0] for row in replies[1][1]["entries"]] == ["b.txt"]
     assert "re" in imported
     assert sorted((set(SPARED) - {"re"}) & imported) == []
+
+
+def test_the_client_imports_the_bundle_without_importlib_resources() -> None:
+    # The client imports the bundle before it starts ssh's login and reads the sources
+    # only when it builds the payload: the resource machinery waits until then.
+    code = ("import sys, filesync.endpoint.helper, filesync.tree.bundle as b\n"
+            "before = 'importlib.resources' in sys.modules\n"
+            "b.sources()\n"
+            "print(before, 'importlib.resources' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.stdout.split() == ["False", "True"], done.stderr
