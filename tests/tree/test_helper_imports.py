@@ -98,10 +98,9 @@ def test_patterns_load_re_when_the_listing_needs_it(tmp_path: Path) -> None:
 def test_the_client_imports_the_bundle_without_importlib_resources() -> None:
     # The client imports the bundle before it starts ssh's login and reads the sources
     # only when it builds the payload: the resource machinery waits until then.
-    code = ("import sys, filesync.endpoint.helper, filesync.tree.bundle as b\n"
-            "before = 'importlib.resources' in sys.modules\n"
-            "b.sources()\n"
-            "print(before, 'importlib.resources' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.stdout.split() == ["False", "True"], done.stderr
+    loaded = "print('importlib.resources' in sys.modules)\n"
+    said = subprocess.run(
+        [sys.executable, "-c", "import sys, filesync.endpoint.helper, filesync.tree.bundle\n"
+         + loaded + "filesync.tree.bundle.sources()\n" + loaded],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert said.stdout.split() == ["False", "True"], said.stderr
