@@ -7,11 +7,23 @@ one eviction rule, and each evicted value is handed to ``evict`` so it can be cl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Generic, TypeVar
 
-K = TypeVar("K")
-V = TypeVar("V")
+    K = TypeVar("K")
+    V = TypeVar("V")
+else:
+    class Generic:
+        """What ``Bounded`` needs of ``typing.Generic`` at run time: a subscript (in
+        annotations, which are never evaluated here) that names the class itself."""
+
+        def __class_getitem__(cls, params: object) -> type:
+            return cls
+
+    K = V = None
 
 
 class Bounded(Generic[K, V]):

@@ -19,7 +19,7 @@ The remote keeps that code compiled, as an agent installed once per version: the
 writes every module's code object to ``~/.cache/filesync/helper-<digest>-<cache tag>.bin``
 (``digest``: of the sources; the cache tag names the remote's Python), and later runs load
 it instead of compiling ~80 KB of source. The file is used only if it is whole (its own
-SHA-256 in its header), owned by the user and writable by nobody else (it and its
+BLAKE2b in its header), owned by the user and writable by nobody else (it and its
 directory), and holds exactly this bundle's modules; anything else -- missing, corrupt, an
 unwritable home -- compiles from the sources sent on stdin, which always come.
 """
@@ -31,7 +31,6 @@ import json
 import shlex
 import zlib
 from functools import cache
-from importlib import resources
 
 #: What a remote without python3 answers instead of the helper's hello.
 NO_PYTHON = b"FILESYNC-NO-PYTHON"
@@ -41,8 +40,14 @@ OLD_PYTHON = b"FILESYNC-OLD-PYTHON"
 MIN_PYTHON = (3, 10)
 
 _LOADER = '''
-import importlib.util, sys
+import sys
+try:  # the interpreter's own ModuleSpec: ``importlib.util`` would import half a dozen modules
+    from _frozen_importlib import ModuleSpec
+except ImportError:
+    from importlib.machinery import ModuleSpec
 _BLOB = sys.stdin.buffer.read(_BLOB_SIZE)
+#: A cache file's first bytes: its format (2: BLAKE2b; 1 was SHA-256), then its checksum.
+_MAGIC = b"FSH2"
 _DECODED = {}
 def _source(name):
     """A module's source, from the blob (decoded once, on the first compile of one of
@@ -60,13 +65,21 @@ def _cache_path():
         return None
     tag = sys.implementation.cache_tag or "nocache"
     return os.path.join(home, ".cache", "filesync", "helper-" + _DIGEST + "-" + tag + ".bin")
+def _check(body):
+    """The cache file's checksum of ``body``: BLAKE2b from ``_blake2``, which ``hashlib``
+    would wrap after loading OpenSSL and reading its configuration."""
+    try:
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(body, digest_size=32).hexdigest().encode()
 def _private(st):
     import os
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 def _cached():
     """Module name -> code, from this user's cache if it is whole, private and this
     version's (checked by its own digest), else {}: the sources are compiled instead."""
-    import hashlib, marshal, os
+    import marshal, os
     path = _cache_path()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -78,7 +91,7 @@ def _cached():
                 return {}
             data = f.read()
         head, body = data[:68], data[68:]
-        if head != b"FSH1" + hashlib.sha256(body).hexdigest().encode():
+        if head != _MAGIC + _check(body):
             return {}
         codes = marshal.loads(body)
         if not isinstance(codes, dict) or set(codes) != _MODULES:
@@ -89,7 +102,7 @@ def _cached():
 def _store():
     """Write every module's code for the next run: temp file, then rename, so a reader
     sees a whole file or none. Best effort: an unwritable home keeps compiling."""
-    import hashlib, marshal, os
+    import marshal, os
     path = _cache_path()
     if path is None:
         return
@@ -99,7 +112,7 @@ def _store():
         body = marshal.dumps({n: _CODES.get(n) or _compile(n) for n in _MODULES})
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(b"FSH1" + hashlib.sha256(body).hexdigest().encode() + body)
+            f.write(_MAGIC + _check(body) + body)
         os.replace(tmp, path)
         _prune(os.path.dirname(path))
     except Exception:
@@ -125,7 +138,7 @@ class _Bundle:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name in _PACKAGES or name in _MODULES:
-            return importlib.util.spec_from_loader(name, cls, is_package=name in _PACKAGES)
+            return ModuleSpec(name, cls, is_package=name in _PACKAGES)
         return None
     @staticmethod
     def create_module(spec):
@@ -152,6 +165,10 @@ main()
 @cache
 def sources() -> dict[str, str]:
     """Module name -> source of every module of ``filesync.tree`` (the package included)."""
+    # Imported here, not with this module: it brings tempfile, shutil and random, and the
+    # client imports this module before it starts ssh's login, but reads the sources after.
+    from importlib import resources
+
     out: dict[str, str] = {}
     for item in sorted(resources.files("filesync.tree").iterdir(), key=lambda i: i.name):
         if item.name.endswith(".py"):

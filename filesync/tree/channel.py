@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import IO, Any
+from _thread import allocate_lock
 
 from filesync.tree.wire import HEADER, Gather, decode_json, json_payload
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 
 class Channel:
@@ -24,7 +27,7 @@ class Channel:
         self.inp = inp
         self.out = out
         self._gather = Gather()
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         #: when bytes last went out (``time.monotonic``)
         self.wrote_at = time.monotonic()
 

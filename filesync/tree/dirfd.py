@@ -18,36 +18,48 @@ reported written only once its data and its name are on disk.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import re
 import stat
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from functools import cache
 
 from filesync.tree.paths import split_rel
 from filesync.tree.wire import Reason, Status, reason_of
 
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Callable, Sequence
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    R = TypeVar("R")
+
 TEMP_PREFIX = ".filesync."
 TEMP_SUFFIX = ".tmp"
-_TEMP_RE = re.compile(r"^\.filesync\.(\d+)\.\d+\.tmp$")
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
-T = TypeVar("T")
-R = TypeVar("R")
+
+
+@cache
+def _temp_re() -> re.Pattern[str]:
+    """A temp name, the writer's pid as its group; compiled when a name with
+    ``TEMP_PREFIX`` is first seen (a walk of a tree without one never loads re)."""
+    import re
+
+    return re.compile(r"^\.filesync\.(\d+)\.\d+\.tmp$")
 
 
 def is_temp_name(name: str) -> bool:
     """True for filesync's own in-flight temp files, which are never synced."""
-    return _TEMP_RE.match(name) is not None
+    return name.startswith(TEMP_PREFIX) and _temp_re().match(name) is not None
 
 
 def stale_temp(name: str) -> bool:
-    match = _TEMP_RE.match(name)
+    match = _temp_re().match(name)
     if match is None:
         return False
     try:
@@ -343,8 +355,10 @@ class TempFile:
 
     def abort(self) -> None:
         if self.pfd >= 0:
-            with contextlib.suppress(OSError):
+            try:
                 os.unlink(self.temp, dir_fd=self.pfd)
+            except OSError:  # never created, or removed already
+                pass
         self._close()
 
     def _close(self) -> None:
@@ -358,14 +372,18 @@ def start_writeback(fd: int) -> None:
     of a batch, issued after all of its writes, then find the data on its way and share
     the journal commits instead of waiting one fsync at a time (``docs/benchmarks.md``).
     Best effort: without ``posix_fadvise`` the fsync does it all."""
-    with contextlib.suppress(OSError, AttributeError):
+    try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
 
 
 def fsync_dir(fd: int) -> None:
     """Flush a directory's entries (some file systems refuse fsync on a directory)."""
-    with contextlib.suppress(OSError):
+    try:
         os.fsync(fd)
+    except OSError:
+        pass
 
 
 #: How many fsyncs of a batch run at once. Concurrent fsyncs share the file system's
@@ -407,6 +425,8 @@ def each_at_once(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
             failed.append(exc)
 
     started: list[threading.Thread] = []
+    if workers > 1:  # a call waited for a disk: a push to tmpfs never loads threading
+        import threading
     for k in range(1, workers):
         t = threading.Thread(target=work, args=(k,))
         try:

@@ -19,9 +19,11 @@ and patterns):
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
-from typing import Any
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 #: One compiled line as it travels: (expression, negation, directories only, on the last
 #: component). The expression is ASCII text, compiled as bytes, matched with fullmatch.
@@ -44,6 +46,9 @@ class Matcher:
     def __init__(self, names: Iterable[str], rules: Iterable[Rule]) -> None:
         self.names = frozenset(names)
         self.patterns: list[tuple[bool, bool, bool, Callable[[bytes], object]]] = []
+        rules = list(rules)
+        if rules:  # only patterns need re: a rule of names alone never loads it
+            import re
         for row in rules:
             if not valid_rule(row):
                 raise ValueError("malformed exclusion rule")

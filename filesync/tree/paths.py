@@ -9,8 +9,14 @@ from __future__ import annotations
 import os
 import posixpath
 import pwd
-import re
-from collections.abc import Collection, Mapping
+from functools import cache
+
+#: ``typing`` and ``re`` are for the type checker here: a helper that only lists never
+#: imports them (the expressions below are compiled on their first use).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Collection, Mapping
 
 
 def home_dir() -> str:
@@ -42,15 +48,36 @@ def resolve_root(path: str, cwd: str, home: str) -> str:
 
 
 # The one path-safety rule, as regex text: empty, absolute, '.'/'..' or empty components.
-_STRUCTURE = r"^$|^/|//|(?:^|/)\.\.?(?:/|$)|/$"
-_UNSAFE_STRUCTURE = re.compile(_STRUCTURE)
+STRUCTURE = r"^$|^/|//|(?:^|/)\.\.?(?:/|$)|/$"
 # Unicode category Cc: C0, DEL and C1.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-# Either of the two, in one search: this runs once per listed path.
-_SUSPECT = re.compile(_STRUCTURE + "|[\x00-\x1f\x7f-\x9f]")
+CONTROL = "[\x00-\x1f\x7f-\x9f]"
 # Over names joined by newlines (``all_safe``): the ASCII control characters but the
 # newline, which separates the names there.
-_CONTROL_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f]")
+_CONTROL_LINES = "[\x00-\x09\x0b-\x1f\x7f]"
+
+
+@cache
+def _compiled() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """``STRUCTURE``, ``CONTROL`` and ``_CONTROL_LINES``, compiled once, when first needed."""
+    import re
+
+    return re.compile(STRUCTURE), re.compile(CONTROL), re.compile(_CONTROL_LINES)
+
+
+def plain_name(rel: str) -> bool:
+    """True for a name ``unsafe_reason`` passes that is printable ASCII, decided by string
+    scans (the common case: this runs once per path, and needs no regex). False for any
+    other name, which the expressions then judge: for printable ASCII this is exactly
+    "``STRUCTURE`` finds nothing" (no control character, so ``$`` is the end)."""
+    if not (rel.isascii() and rel.isprintable()) or not rel or rel[0] == "/" \
+            or rel[-1] == "/" or "//" in rel:
+        return False
+    if rel[0] == "." or "/." in rel:  # where a "." or ".." component can start
+        framed = "/" + rel + "/"
+        return "/./" not in framed and "/../" not in framed
+    return True
+
+
 # ... and the structure rule as substrings of "\n" + names + "\n": an empty name, an
 # absolute one, an empty component, a trailing "/"; then "." and ".." components.
 _EMPTY_PARTS = ("\n\n", "\n/", "//", "/\n")
@@ -64,11 +91,12 @@ def unsafe_reason(rel: str) -> str | None:
     characters (C0, DEL and C1: names with newlines break line-based tools on the other
     side), and names that are not valid UTF-8.
     """
-    if not _SUSPECT.search(rel) and rel.isascii():
-        return None  # the common case, decided by one regex
-    if _UNSAFE_STRUCTURE.search(rel):
+    if plain_name(rel):
+        return None
+    structure, control, _ = _compiled()
+    if structure.search(rel):
         return "unsafe path (absolute, '..' or empty component)"
-    if _CONTROL.search(rel):
+    if control.search(rel):
         return "control character in name"
     try:
         rel.encode("utf-8")
@@ -98,7 +126,7 @@ def all_safe(paths: Collection[str]) -> bool:
     framed = "\n" + "\n".join(paths) + "\n"
     if not framed.isascii() or framed.count("\n") != len(paths) + 1:
         return False  # non-ASCII, or a name holding a newline itself: check each
-    if _CONTROL_LINES.search(framed) is not None:
+    if _compiled()[2].search(framed) is not None:
         return False
     if any(part in framed for part in _EMPTY_PARTS):
         return False

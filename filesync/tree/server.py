@@ -6,16 +6,12 @@ ends at ``bye`` or end of input.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import operator
 import os
 import select
 import stat
 import sys
 import time
-from collections.abc import Callable
-from typing import IO, Any, NamedTuple
 
 from filesync.tree.bounded import Bounded
 from filesync.tree.channel import Channel
@@ -37,12 +33,18 @@ from filesync.tree.wire import (
     decode_json,
     file_header,
     is_count,
-    json_payload,
     listing_digest,
+    listing_payload,
     reason_of,
     reason_text,
     split_whole,
 )
+
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO, Any
 
 #: The generation of a helper's first listing (``Server.generation`` counts from 0).
 FIRST_GENERATION = 1
@@ -56,14 +58,25 @@ MAX_WAIT = 300.0
 MAX_SETTLE = 1.0
 
 
-class Remembered(NamedTuple):
+class Remembered:
     """A listing as sent, generation ``gen``: the base of the next delta, and what
     ``op_seal`` compares a walk against."""
 
-    gen: int
-    rows: dict[str, list[Any]]
-    skipped: list[list[str]]
-    excluded: int
+    __slots__ = ("excluded", "gen", "rows", "skipped")
+
+    def __init__(self, gen: int, rows: dict[str, list[Any]], skipped: list[list[str]],
+                 excluded: int) -> None:
+        self.gen = gen
+        self.rows = rows
+        self.skipped = skipped
+        self.excluded = excluded
+
+
+def listing_key(root: str, req: dict[str, Any]) -> str:
+    """What a listing of ``root`` under a request's rule is remembered by: the root, the
+    names and the rules, as they came (``repr`` of JSON values, which tells them apart as
+    JSON text would)."""
+    return repr([root, req["names"], req["rules"]])
 
 
 def listing_reply(root: str, entries: list[list[Any]], skipped: list[list[str]],
@@ -124,7 +137,7 @@ class Server:
         stall_point("list")
         # The walk below sees everything written so far: ``op_seal`` counts from here.
         self.written.pop(root, None)
-        key = json.dumps([root, req["names"], req["rules"]])
+        key = listing_key(root, req)
         remembered = self.listings.pop(key)
         watch = req.get("watch") is True and req.get("delta") is True
         if reply["is_dir"] and watch and self._list_watched(key, root, req, reply):
@@ -144,7 +157,7 @@ class Server:
                     reply["base"] = since
                 self.generation += 1  # a new helper's first listing: ``FIRST_GENERATION``
                 reply["gen"] = self.generation
-                self.chan.send_json(reply, b"Z")
+                self.chan.write(b"Z", listing_payload(reply), True)
                 # Remembered after the reply went out: a first listing is not delayed.
                 if rows is None:
                     rows = {row[0]: row for row in entries}
@@ -155,10 +168,10 @@ class Server:
             # (``op_seal``), and the next listing is a delta against nothing.
             self.generation += 1
             reply["gen"] = self.generation
-            self.chan.send_json(reply, b"Z")
+            self.chan.write(b"Z", listing_payload(reply), True)
             self.listings.put(key, Remembered(self.generation, {}, [], 0))
             return
-        self.chan.send_json(reply, b"Z")
+        self.chan.write(b"Z", listing_payload(reply), True)
 
     def op_seal(self, req: dict[str, Any]) -> None:
         """The digest a fresh helper's first listing of the root would have, if a walk
@@ -167,7 +180,7 @@ class Server:
         count equal. Else ``""``. Nothing is remembered and no generation is used: the
         client's delta base stays that listing."""
         root = self.resolve(req["root"])
-        key = json.dumps([root, req["names"], req["rules"]])
+        key = listing_key(root, req)
         remembered = self.listings.get(key)
         digest = ""
         if remembered is not None and req.get("since") == remembered.gen \
@@ -185,7 +198,7 @@ class Server:
                     and all(map(operator.eq, entries, map(expect.get, map(ROW_KEY, entries)))):
                 reply = listing_reply(root, entries, skipped, excluded)
                 reply["gen"] = FIRST_GENERATION
-                digest = listing_digest(b"Z", json_payload(reply, b"Z"))
+                digest = listing_digest(b"Z", listing_payload(reply))
         self.chan.send_json({"digest": digest})
 
     def _list_watched(self, key: str, root: str, req: dict[str, Any],
@@ -213,7 +226,7 @@ class Server:
             reply.update(entries=delta[0], removed=delta[1], base=since)
         self.generation += 1
         reply["gen"] = self.generation
-        self.chan.send_json(reply, b"Z")
+        self.chan.write(b"Z", listing_payload(reply), True)
         self.watched.put(key, (self.generation, tree))
         return True
 
@@ -233,7 +246,7 @@ class Server:
         """
         trees = []
         for item in req["roots"]:
-            key = json.dumps([self.resolve(item["root"]), item["names"], item["rules"]])
+            key = listing_key(self.resolve(item["root"]), item)
             held = self.watched.get(key)
             if held is not None and held[1].ifd >= 0:
                 trees.append(held[1])
@@ -498,8 +511,10 @@ def _widen_pipes() -> None:
     if setsize is None:
         return
     for fd in (0, 1):
-        with contextlib.suppress(OSError):
+        try:
             fcntl.fcntl(fd, setsize, 1 << 20)
+        except OSError:  # over the user's pipe budget: the default size stays
+            pass
 
 
 def main() -> None:
@@ -507,11 +522,15 @@ def main() -> None:
     then end the process at once. Every reply is out and every file closed by then; the
     interpreter's teardown (freeing the listings a session remembers, ~40 ms for 100k
     files) would only keep the client waiting for the channel to close."""
-    with contextlib.suppress(EOFError, BrokenPipeError, KeyboardInterrupt):
+    try:
         _widen_pipes()
         serve(sys.stdin.buffer, sys.stdout.buffer, watchdog=True)
-    with contextlib.suppress(OSError, ValueError):
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the client went away: nothing is left to answer
+    try:
         sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
     os._exit(0)
 
 

@@ -8,14 +8,17 @@ removed on the way.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-from typing import Any
 
 from filesync.tree.dirfd import DIR_FLAGS, ROOT_FLAGS, TEMP_PREFIX, is_temp_name, stale_temp
-from filesync.tree.ignore import Matcher
 from filesync.tree.wire import Reason
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from filesync.tree.ignore import Matcher
 
 
 def walk(root: str, matcher: Matcher) -> tuple[list[list[Any]], list[list[str]], int]:
@@ -96,8 +99,10 @@ def list_dir(dfd: int, path: str, prefix: str, matcher: Matcher, entries: list[l
             elif s_isreg(mode):
                 if name.startswith(TEMP_PREFIX) and is_temp_name(name):
                     if stale_temp(name):
-                        with contextlib.suppress(OSError):
+                        try:
                             os.unlink(name, dir_fd=dfd)
+                        except OSError:  # gone already, or not ours to remove
+                            pass
                     continue
                 add([rel, "f", st.st_size, st.st_mtime_ns, mode & 0o7777, st.st_ino,
                      st.st_nlink])

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import struct
 import sys
 import time
-from typing import Any
 
-from filesync.tree.ignore import Matcher
 from filesync.tree.walk import list_dir, open_listed
+
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from filesync.tree.ignore import Matcher
 
 _IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
@@ -22,8 +26,9 @@ _WATCH_MASK = (_IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_
 #: Events after which the set of directories may differ: the tree is walked again.
 _STRUCTURAL = _IN_Q_OVERFLOW | _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ISDIR
 _EVENT = struct.Struct("iIII")
-#: A listed file as ``walk`` lists it: path, kind, size, mtime, mode, inode, links.
-Row = tuple[Any, ...]
+if TYPE_CHECKING:
+    #: A listed file as ``walk`` lists it: path, kind, size, mtime, mode, inode, links.
+    Row = tuple[Any, ...]
 #: Filesystems whose changes all pass through this kernel, so inotify sees every one.
 #: (Network and FUSE filesystems change behind its back: those trees are walked.)
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "f2fs", "zfs",
@@ -67,6 +72,8 @@ class _Inotify:
 
 
 def _unescape_mount(text: str) -> str:
+    import re  # only a watched listing reads the mount table: a plain one never loads re
+
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 

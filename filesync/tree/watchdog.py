@@ -24,11 +24,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
-import threading
 import time
+from _thread import start_new_thread
 
 from filesync.tree.channel import Channel
 from filesync.tree.wire import KEEPALIVE
@@ -61,7 +60,9 @@ class Watchdog:
         self._poll.register(self._wake_r, select.POLLIN)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="filesync-watchdog", daemon=True).start()
+        # A bare thread (``threading`` is not needed, nor imported at start-up): the process
+        # ends with ``os._exit``, so nothing has to join it.
+        start_new_thread(self._run, ())
 
     def pace(self, every: float) -> None:
         self.every = max(min(every, KEEPALIVE), 0.05)
@@ -90,8 +91,10 @@ class Watchdog:
                     # returns; poll would report it at once again, so pace the loop.
                     time.sleep(period)
             if self.busy:
-                with contextlib.suppress(OSError):  # stdout is gone: the next poll says so
+                try:
                     self.chan.keepalive(self.every)
+                except OSError:  # stdout is gone: the next poll says so
+                    pass
 
 
 #: Fault injection for the deadline and orphan tests, inert unless set in the helper's

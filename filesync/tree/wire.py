@@ -29,11 +29,19 @@ from __future__ import annotations
 
 import enum
 import errno
-import hashlib
-import json
 import struct
 import zlib
-from typing import Any
+
+try:  # ``hashlib`` would load OpenSSL and read its configuration first
+    from _blake2 import blake2b
+except ImportError:  # a Python built without its own BLAKE2
+    from hashlib import blake2b
+
+#: ``typing`` is for the type checker only: the remote helper starts without importing it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: The wire's version, in the hello; 2: ``W`` (binary header) replaced ``F`` (JSON header).
 PROTOCOL = 2
@@ -193,9 +201,74 @@ def frame(kind: bytes, payload: bytes) -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
+class _Decoding:
+    """What ``json.loads`` configures its C scanner with (``json.JSONDecoder``'s defaults)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    array_hook = None  # read from Python 3.15 on
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"),
+                      "NaN": float("nan")}.__getitem__
+
+
+def _unencodable(obj: object) -> object:
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+#: JSON's whitespace, which ``json.loads`` skips before and after the value.
+_BLANK = " \t\n\r"
+
+
+def json_codec(native: bool = True) -> tuple[Callable[[str], Any], Callable[[Any], str],
+                                             Callable[[str], str]]:
+    """``json.loads``, ``json.dumps`` (compact separators) and the string quoting ``dumps``
+    uses, the same C code run the same way, but without importing ``json``: that module
+    imports ``re`` and compiles its expressions, a sixth of the remote helper's start-up.
+    ``json`` itself where its C part is missing or takes other arguments (another Python),
+    or ``native`` is False."""
+    try:
+        if not native:
+            raise ImportError("json asked for")
+        from _json import encode_basestring_ascii, make_encoder, make_scanner
+
+        scan = make_scanner(_Decoding())  # type: ignore[arg-type]
+        make_encoder({}, _unencodable, encode_basestring_ascii, None, ":", ",", False, False,
+                     True)
+    except (ImportError, TypeError, AttributeError):
+        import json
+        from functools import partial
+
+        return (json.loads, partial(json.dumps, separators=(",", ":")),
+                json.encoder.encode_basestring_ascii)
+
+    def loads(text: str) -> Any:
+        text = text.strip(_BLANK)
+        try:
+            obj, end = scan(text, 0)
+        except StopIteration:
+            raise ValueError("expecting a JSON value") from None
+        if end != len(text):
+            raise ValueError("extra data after the JSON value")
+        return obj
+
+    def dumps(obj: Any) -> str:
+        # A new encoder per call, as json.dumps makes one: its circular-reference
+        # markers are left behind by a call that fails.
+        return "".join(make_encoder({}, _unencodable, encode_basestring_ascii, None, ":", ",",
+                                    False, False, True)(obj, 0))
+
+    return loads, dumps, encode_basestring_ascii
+
+
+_loads, _dumps, _quote = json_codec()
+
+
 def encode_json(obj: dict[str, Any]) -> bytes:
     """A JSON object as a frame's payload (names that are not UTF-8 survive)."""
-    return json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    return _dumps(obj).encode("utf-8", "surrogateescape")
 
 
 def decode_json(kind: bytes, payload: bytes) -> dict[str, Any]:
@@ -207,7 +280,7 @@ def decode_json(kind: bytes, payload: bytes) -> dict[str, Any]:
             payload = inflate.decompress(payload, MAX_JSON)
             if inflate.unconsumed_tail:
                 raise ValueError("decompressed frame too large")
-        obj = json.loads(payload.decode("utf-8", "surrogateescape"))
+        obj = _loads(payload.decode("utf-8", "surrogateescape"))
     except (ValueError, zlib.error, RecursionError) as exc:
         raise BadRequest(f"undecodable {kind!r} frame") from exc
     if not isinstance(obj, dict):
@@ -221,10 +294,33 @@ def json_payload(obj: dict[str, Any], kind: bytes = b"J") -> bytes:
     return zlib.compress(data, Z_LEVEL) if kind == b"Z" else data
 
 
+#: One listing row as JSON (two strings, five counts), as the encoder writes it.
+_ROW_TEXT = "[%s,%s,%d,%d,%d,%d,%d]"
+#: A listing reply's rows, where ``listing_payload`` writes them in.
+_NO_ENTRIES = '"entries":[]'
+
+
+def listing_payload(reply: dict[str, Any]) -> bytes:
+    """``json_payload(reply, b"Z")`` of a listing reply, byte for byte, each of its
+    ``entries`` rows (``listing_row``'s layout, as the walk makes them) written by one
+    format operation, where the encoder takes 1.7 times as long for a row of seven values
+    (a 100k-file listing: about 65 ms against 110 ms here)."""
+    if "entries" not in reply:  # a root that is not a directory
+        return json_payload(reply, b"Z")
+    quote = _quote
+    rows = ",".join([_ROW_TEXT % (quote(r[0]), quote(r[1]), r[2], r[3], r[4], r[5], r[6])
+                     for r in reply["entries"]])
+    text = _dumps({**reply, "entries": []})
+    # The first occurrence is the key: a quote inside a string is always escaped.
+    at = text.index(_NO_ENTRIES) + len(_NO_ENTRIES) - 1
+    data = (text[:at] + rows + text[at:]).encode("utf-8", "surrogateescape")
+    return zlib.compress(data, Z_LEVEL)
+
+
 def listing_digest(kind: bytes, payload: bytes) -> str:
     """The digest of a listing reply frame, as the client and the helper both take it (a
     ``Seal`` holds it): the helper has only the standard library, hence BLAKE2b."""
-    h = hashlib.blake2b(kind, digest_size=16)
+    h = blake2b(kind, digest_size=16)
     h.update(payload)
     return h.hexdigest()
 

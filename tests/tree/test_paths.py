@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filesync.tree.paths import split_rel, unsafe_reason
+from filesync.tree.paths import STRUCTURE, plain_name, split_rel, unsafe_reason
 
 ROOT = Path("/srv/sync/root")
 
@@ -110,3 +111,27 @@ def test_a_path_is_refused_iff_a_component_is_dangerous(parts: list[str]) -> Non
     rel = "/".join(parts)
     dangerous = any(p in ("", ".", "..") for p in parts)
     assert (unsafe_reason(rel) is not None) == dangerous
+
+
+# -- the regex-free fast path is the rule, not a second one ----------------------------
+
+
+@settings(max_examples=500)
+@given(rel=st.text(alphabet=st.sampled_from(["a", ".", "/", " ", "\n", "\x00", "\x7f", "\x85",
+                                             "é", "~"]), max_size=10))
+def test_plain_name_is_the_rule_for_printable_ascii_and_false_for_the_rest(rel: str) -> None:
+    # What ``unsafe_reason`` returns at once must be what the expressions would find.
+    if rel.isascii() and rel.isprintable():
+        assert plain_name(rel) == (re.search(STRUCTURE, rel) is None)
+    else:
+        assert not plain_name(rel)
+
+
+@pytest.mark.parametrize("rel", [*ESCAPING, *EMPTY_COMPONENTS, ".", "..", "./", "a/.", "a/.."])
+def test_plain_name_refuses_every_unsafe_shape(rel: str) -> None:
+    assert not plain_name(rel)
+
+
+@pytest.mark.parametrize("rel", [r for r in SAFE if r.isascii()])
+def test_plain_name_passes_the_safe_ascii_names(rel: str) -> None:
+    assert plain_name(rel)

@@ -7,10 +7,13 @@ stream), so each rule here holds on both ends of the stream.
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_keepalive_frames import frames
 
 from filesync.core.exclude import ExcludeRule
@@ -31,6 +34,8 @@ from filesync.tree.wire import (
     decode_json,
     encode_json,
     frame_head,
+    json_codec,
+    listing_payload,
     listing_row,
     ok_sent,
     result_row,
@@ -168,3 +173,102 @@ def test_file_header_is_checked() -> None:
             wire.file_header(bad)
     assert wire.fetch_header({"size": 1, "mtime_ns": 2, "mode": 3}) == (1, 2, 3)
     assert wire.fetch_header({"size": 1, "mtime_ns": "2", "mode": 3}) is None
+
+
+# -- the JSON codec: json's C code, run as json runs it ----------------------------------
+
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats()
+    | st.text(alphabet=st.characters(codec=None), max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+#: Text that is JSON now and then, mostly not: the scanner's every branch and error.
+json_like = st.text(alphabet=st.sampled_from(list('{}[]",:0123456789.eE-+ \t\n\rtrufalsenNIiy\\')),
+                    max_size=16)
+
+
+def same_json(got: object, want: object) -> bool:
+    """Equal as JSON values (NaN, which equals nothing, included)."""
+    return json.dumps(got) == json.dumps(want)
+
+
+@settings(max_examples=300)
+@given(obj=json_value)
+def test_the_codec_writes_what_json_dumps_writes(obj: object) -> None:
+    dumps = json_codec()[1]
+    assert dumps(obj) == json.dumps(obj, separators=(",", ":"))
+
+
+@settings(max_examples=500)
+@given(text=json_like | json_value.map(json.dumps), pad=st.sampled_from(["", " ", "\n\t\r "]))
+def test_the_codec_reads_what_json_loads_reads_and_refuses_what_it_refuses(
+        text: str, pad: str) -> None:
+    loads = json_codec()[0]
+    text = pad + text + pad
+    try:
+        want = json.loads(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            loads(text)
+        return
+    assert same_json(loads(text), want)
+
+
+def test_the_codec_refuses_what_json_cannot_write_and_writes_on_after_it() -> None:
+    dumps = json_codec()[1]
+    shared = [1]
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        dumps({"a": shared, "b": {1}})
+    # No circular-reference marker is left behind by the failed call.
+    assert dumps({"a": shared}) == '{"a":[1]}'
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular"):
+        dumps({"loop": loop})
+
+
+def test_the_codec_is_jsons_where_its_c_part_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert json_codec()[0] is not json.loads  # CPython: the C part, without json's module
+    monkeypatch.setitem(sys.modules, "_json", None)
+    loads, dumps, quote = json_codec()
+    assert loads is json.loads
+    assert dumps({"a": [1, "b"]}) == '{"a":[1,"b"]}'
+    assert quote("é\"") == '"\\u00e9\\""'
+    assert json_codec(native=False)[0] is json.loads
+
+
+# -- listing replies: rows written by a format string, bytes as the encoder's -----------
+
+name_st = st.text(alphabet=st.characters(codec=None), max_size=6) | st.sampled_from(
+    ['a"b', "back\\slash", "caf\udce9", "\x00\n", "entries", '"entries":[]'])
+count_st = st.integers(min_value=0, max_value=2**64)
+row_st = st.tuples(name_st, st.just("f"), count_st, count_st, count_st, count_st, count_st)
+
+
+@settings(max_examples=300)
+@given(rows=st.lists(row_st.map(list), max_size=5), root=name_st,
+       delta=st.booleans(), as_tuples=st.booleans())
+def test_a_listing_payload_is_the_encoders_byte_for_byte(
+        rows: list[list[object]], root: str, delta: bool, as_tuples: bool) -> None:
+    entries = [tuple(row) for row in rows] if as_tuples else rows  # a watched tree's rows
+    reply: dict[str, object] = {"root": root, "exists": True, "is_dir": True,
+                                "entries": entries, "skipped": [[root, "symlink", ""]],
+                                "excluded": 3}
+    if delta:
+        reply.update(removed=[root, "x"], base=4)
+    reply["gen"] = 5
+    assert listing_payload(reply) == wire.json_payload(reply, b"Z")
+
+
+def test_a_listing_payload_of_a_walk_and_of_no_directory(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for name in ("a.txt", 'q"uote', "caf\u00e9", "d/b"):
+        (tmp_path / name).write_text(name)
+    entries, skipped, excluded = walk(str(tmp_path), ExcludeRule().matcher())
+    reply = {"root": str(tmp_path), "exists": True, "is_dir": True, "entries": entries,
+             "skipped": skipped, "excluded": excluded, "gen": 1}
+    assert listing_payload(reply) == wire.json_payload(reply, b"Z")
+    absent = {"root": "/nowhere", "exists": False, "is_dir": False, "gen": 1}
+    assert listing_payload(absent) == wire.json_payload(absent, b"Z")
