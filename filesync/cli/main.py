@@ -10,19 +10,24 @@ import argparse
 import atexit
 import contextlib
 import gc
-import json
 import math
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from filesync.errors import FilesyncError, UsageError
 from filesync.version import __version__
 
+# What a plain run loads before it spawns ssh's login (``_begin_logins``) delays the login
+# by its import time, so that path leaves out ``typing``, ``dataclasses``, ``json`` and
+# ``asyncio`` (``tests/cli/test_cold_path.py``). ``typing.TYPE_CHECKING`` without
+# importing ``typing``: mypy and ruff treat the name alike.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, NoReturn
+
     from filesync.cli.settings import Request, Sink
     from filesync.session.runner import EndpointConduits
     from filesync.transport.ssh.openssh_login import Pending
@@ -316,6 +321,8 @@ def _system_error(exc: BaseException) -> str:
 def _fail(exc: FilesyncError, json_mode: bool, sink: Sink) -> None:
     sink.err(f"filesync: error: {exc.message}\n")
     if json_mode:
+        import json
+
         from filesync.cli.jsonout import failed_document
 
         sink.out(json.dumps(failed_document(exc.message, exc.exit_code)) + "\n")
@@ -329,26 +336,25 @@ def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
     Returns the logins by target, for the command's pool to hand each to its connection."""
     if args.config is not None or args.via is not None or args.local is None:
         return {}
-    # Light on purpose (no asyncio): nothing slower may run before the spawn.
+    # Light on purpose: nothing slower may run before the spawn. The targets (their module
+    # needs dataclasses) are made after it, from the same REMOTE texts.
     from filesync.transport.ssh import openssh_login as openssh
-    from filesync.transport.target import ConnectOptions, parse_remote
+    from filesync.transport.ssh.destination import ssh_remote
 
+    texts: list[str] = [args.remote] if isinstance(args.remote, str) else args.remote or []
     try:
-        if openssh.choose_client(args.ssh_client) != "openssh":
-            return {}
-        targets = [parse_remote(text) for text in
-                   ([args.remote] if isinstance(args.remote, str) else args.remote or [])]
+        if openssh.choose_client(args.ssh_client) != "openssh" or not all(texts):
+            return {}  # (an empty REMOTE is refused by the command)
+        remotes = {ssh: text for text in texts if (ssh := ssh_remote(text)) is not None}
     except FilesyncError:
         return {}  # reported by the command itself, in its usual place
-    timeout = ConnectOptions().connect_timeout
-    logins: dict[Target, Pending] = {}
-    for target in targets:
-        if target.kind == "ssh" and target not in logins:
-            logins[target] = openssh.begin(
-                target.host, target.user, target.port, ssh_config=absolute(args.ssh_config),
-                identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key,
-                connect_timeout=timeout)
-    return logins
+    begun = {text: openssh.begin(
+        host, user, port, ssh_config=absolute(args.ssh_config),
+        identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key)
+        for (host, user, port, _path), text in remotes.items()}
+    from filesync.transport.target import parse_remote
+
+    return {parse_remote(text): login for text, login in begun.items()}
 
 
 def _dispatch(args: argparse.Namespace, logins: dict[Target, Pending] | None = None) -> int:
@@ -401,7 +407,7 @@ def request_from(args: argparse.Namespace, *, env: Mapping[str, str] | None = No
     absolute here, against ``cwd`` and ``env``'s ``~``.
     """
     from filesync.cli.settings import STDIO, Output, PassSettings, Request, local_root
-    from filesync.transport.base import Spawn
+    from filesync.transport.spawn import Spawn
     from filesync.transport.target import ConnectOptions, parse_remote, via_argv
 
     def _absolute(path: Path | None) -> Path | None:
