@@ -1,12 +1,14 @@
 """The plain CLI's cold path: a directory pair's job names its first listing before any
 connection, so the runner asks for it in the same write as the helper's source
 (``filesync.session.runner.Job.first_listing``; the runner's tests show the write); and
-the parsing before the login declares only the options of the command run; the path to
+the parsing before the login declares only the options of the command run (and no other
+command when the command line starts with its own); the path to
 the spawn of ssh's login loads only what that spawn needs; and a sealed no-op loads none
 of the code it never runs (``filesync.core.deferred``)."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -19,8 +21,9 @@ from typing import Any
 import pytest
 
 from filesync.cli.commands import _directory_job, _options
-from filesync.cli.main import parse, request_from
+from filesync.cli.main import COMMANDS, parse, request_from
 from filesync.core.reconcile import Direction
+from filesync.errors import UsageError
 
 
 def test_a_directory_pair_names_its_first_listing(tmp_path: Path) -> None:
@@ -54,6 +57,31 @@ def test_parsing_declares_only_the_options_of_the_command_run(
     declared.clear()
     cli.build_parser()  # (``--help`` and the docs: every command's options)
     assert len(declared) == 7
+
+
+def test_a_command_line_that_starts_with_its_command_declares_no_other(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    named: list[str] = []
+    real = argparse._SubParsersAction.add_parser
+
+    def add_parser(self: Any, name: str, **kw: Any) -> Any:
+        named.append(name)
+        return real(self, name, **kw)
+
+    monkeypatch.setattr(argparse._SubParsersAction, "add_parser", add_parser)
+    parse(["sync", "/x", "host:y", "-q"])
+    assert named == ["sync"]
+    # Where the top level speaks, every command is named: its help ...
+    named.clear()
+    with pytest.raises(SystemExit):
+        parse(["-h", "sync"])
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if line.startswith("    ") and line.split()[0] in COMMANDS]
+    assert named == listed == list(COMMANDS)
+    # ... and its error for a command that is none.
+    with pytest.raises(UsageError) as bad:
+        parse(["synx", "/x", "host:y"])
+    assert f"(choose from {', '.join(map(repr, COMMANDS))})" in bad.value.message
 
 
 #: Code a sealed no-op push never runs: the library tier (the CLI runs through the
