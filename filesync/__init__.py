@@ -24,8 +24,9 @@ other module is internal and may change:
 
 Names are imported on first use, so ``import filesync`` (and the CLI's cold start) loads
 no SSH library until a name that needs one is asked for. What the CLI loads before it
-spawns ssh's login delays the login, so this package itself loads only the errors and
-the version: not even ``typing`` or ``dataclasses`` (``Mapping``'s) at run time.
+spawns ssh's login delays the login, so this package itself loads only the errors, the
+version and ``core.deferred`` (which makes the names lazy): not even ``typing`` or
+``dataclasses`` (``Mapping``'s) at run time.
 """
 
 from __future__ import annotations
