@@ -23,12 +23,13 @@ other module is internal and may change:
   ``/etc/profile.d`` (docs/terminal.md).
 
 Names are imported on first use, so ``import filesync`` (and the CLI's cold start) loads
-no SSH library until a name that needs one is asked for.
+no SSH library until a name that needs one is asked for. What the CLI loads before it
+spawns ssh's login delays the login, so this package itself loads only the errors, the
+version and ``core.deferred`` (which makes the names lazy): not even ``typing`` or
+``dataclasses`` (``Mapping``'s) at run time.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from filesync.core.deferred import lazy_names
 from filesync.errors import (
@@ -47,12 +48,14 @@ from filesync.errors import (
     TransportError,
     UsageError,
 )
-from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping, nested_excludes
 from filesync.version import __version__
 
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (mypy and ruff treat the name alike).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from filesync.core.exclude import DEFAULT_EXCLUDED_DIRS
     from filesync.host.state import default_state_dir
+    from filesync.mapping import TWO_WAY, UPLOAD_ONLY, Mapping, nested_excludes
     from filesync.profile_d import profile_snippet
     from filesync.session import AsyncSession, Session, SessionReport, Watch, WatchLoop
     from filesync.sync.changes import Change, ChangeAction
@@ -73,6 +76,10 @@ __all__ = [
 _LAZY: dict[str, str] = {
     "DEFAULT_EXCLUDED_DIRS": "filesync.core.exclude",
     "default_state_dir": "filesync.host.state",
+    "TWO_WAY": "filesync.mapping",
+    "UPLOAD_ONLY": "filesync.mapping",
+    "Mapping": "filesync.mapping",
+    "nested_excludes": "filesync.mapping",
     "profile_snippet": "filesync.profile_d",
     "AsyncSession": "filesync.session",
     "Session": "filesync.session",

@@ -10,19 +10,24 @@ import argparse
 import atexit
 import contextlib
 import gc
-import json
 import math
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from filesync.errors import FilesyncError, UsageError
 from filesync.version import __version__
 
+# What a plain run loads before it spawns ssh's login (``_begin_logins``) delays the login
+# by its import time, so that path leaves out ``typing``, ``dataclasses``, ``json`` and
+# ``asyncio`` (``tests/cli/test_cold_path.py``). ``typing.TYPE_CHECKING`` without
+# importing ``typing``: mypy and ruff treat the name alike.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, NoReturn
+
     from filesync.cli.settings import Request, Sink
     from filesync.session.runner import EndpointConduits
     from filesync.transport.ssh.openssh_login import Pending
@@ -30,6 +35,9 @@ if TYPE_CHECKING:
 
 #: Commands that may run through the persistent agent (``--persist``).
 AGENT_COMMANDS = frozenset({"push", "pull", "sync", "status", "resolve", "undo"})
+#: Every command, in the order ``--help`` lists them.
+COMMANDS = ("push", "pull", "sync", "status", "undo", "watch", "resolve", "demo",
+            "profile-snippet", "agent")
 
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -148,16 +156,27 @@ def _common(
     p.add_argument("-q", "--quiet", action="store_true")
 
 
-def build_parser(env: Mapping[str, str] | None = None,
-                 command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str] | None = None, command: str | None = None,
+                 *, sole: bool = False) -> argparse.ArgumentParser:
     """The parser; option defaults from ``env`` (None: the process's environment).
     ``command``: the only subcommand whose options are needed (None: every one's). The
     others are still named, with their help, but left empty: their ~25 options each
-    would cost a plain run's login the milliseconds it takes to declare them."""
+    would cost a plain run's login the milliseconds it takes to declare them. ``sole``:
+    not even named (for a command line that starts with ``command``, one of
+    ``COMMANDS``: it never reaches the top level's help or its invalid-choice error, the
+    only places that list them)."""
     env = os.environ if env is None else env
     parser = _Parser(prog="filesync", description="Bidirectional file sync over SSH.")
     parser.add_argument("--version", action="version", version=f"filesync {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def declared(name: str, text: str, described: bool = False) -> _Parser | None:
+        """The subparser ``name`` (``text``: its help, and its description if
+        ``described``); None if ``sole`` leaves it out."""
+        if sole and name != command:
+            return None
+        return sub.add_parser(name, help=text, description=text if described else None)
+
     for name, text in (
         ("push", "make the remote match the host (remote conflicts are saved first)"),
         ("pull", "bring back what changed on the remote (host wins conflicts)"),
@@ -165,25 +184,25 @@ def build_parser(env: Mapping[str, str] | None = None,
         ("status", "print the plan and open conflicts; change nothing"),
         ("undo", "restore the host files the last pull replaced or deleted"),
     ):
-        p = sub.add_parser(name, help=text, description=text)
-        if command in (None, name):
+        p = declared(name, text, described=True)
+        if p is not None and command in (None, name):
             _common(p, env, fanout=name == "push", config=name != "undo")
     text = "sync both ways whenever either side changes, until Ctrl-C or SIGTERM"
-    watch = sub.add_parser("watch", help=text, description=text)
-    if command in (None, "watch"):
+    watch = declared("watch", text, described=True)
+    if watch is not None and command in (None, "watch"):
         _common(watch, env)
-    resolve = sub.add_parser("resolve", help="settle one conflict")
-    if command in (None, "resolve"):
+    resolve = declared("resolve", "settle one conflict")
+    if resolve is not None and command in (None, "resolve"):
         _common(resolve, env, config=False)
         resolve.add_argument("path", metavar="PATH", help="path relative to the roots")
         resolve.add_argument("--keep", choices=("local", "remote"), required=True)
-    demo = sub.add_parser("demo", help="run the sync-back scenario on an in-process SSH server")
-    demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
-    snippet = sub.add_parser("profile-snippet", help="print an /etc/profile.d PATH snippet")
-    snippet.add_argument("dirs", nargs="+", metavar="DIR")
-    agent = sub.add_parser("agent", help="show or stop the persistent agent (see --persist)")
-    agent.add_argument("action", choices=("status", "stop"))
-    agent.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    if demo := declared("demo", "run the sync-back scenario on an in-process SSH server"):
+        demo.add_argument("--keep-dir", type=Path, help="leave the demo trees in this dir")
+    if snippet := declared("profile-snippet", "print an /etc/profile.d PATH snippet"):
+        snippet.add_argument("dirs", nargs="+", metavar="DIR")
+    if agent := declared("agent", "show or stop the persistent agent (see --persist)"):
+        agent.add_argument("action", choices=("status", "stop"))
+        agent.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
 
 
@@ -193,7 +212,8 @@ def parse(args_list: Sequence[str], env: Mapping[str, str] | None = None) -> arg
     # The top level takes no option with a value: its first word that is no option is
     # the subcommand, the only one whose options are declared.
     command = next((a for a in args_list if not a.startswith("-")), None)
-    args = build_parser(env, command).parse_args(args_list)
+    sole = command in COMMANDS and args_list[0] == command
+    args = build_parser(env, command, sole=sole).parse_args(args_list)
     if args.command is None:
         raise UsageError("no command given; run 'filesync --help' for the list")
     return args
@@ -316,6 +336,8 @@ def _system_error(exc: BaseException) -> str:
 def _fail(exc: FilesyncError, json_mode: bool, sink: Sink) -> None:
     sink.err(f"filesync: error: {exc.message}\n")
     if json_mode:
+        import json
+
         from filesync.cli.jsonout import failed_document
 
         sink.out(json.dumps(failed_document(exc.message, exc.exit_code)) + "\n")
@@ -329,26 +351,25 @@ def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
     Returns the logins by target, for the command's pool to hand each to its connection."""
     if args.config is not None or args.via is not None or args.local is None:
         return {}
-    # Light on purpose (no asyncio): nothing slower may run before the spawn.
+    # Light on purpose: nothing slower may run before the spawn. The targets (their module
+    # needs dataclasses) are made after it, from the same REMOTE texts.
     from filesync.transport.ssh import openssh_login as openssh
-    from filesync.transport.target import ConnectOptions, parse_remote
+    from filesync.transport.ssh.destination import ssh_remote
 
+    texts: list[str] = [args.remote] if isinstance(args.remote, str) else args.remote or []
     try:
-        if openssh.choose_client(args.ssh_client) != "openssh":
-            return {}
-        targets = [parse_remote(text) for text in
-                   ([args.remote] if isinstance(args.remote, str) else args.remote or [])]
+        if openssh.choose_client(args.ssh_client) != "openssh" or not all(texts):
+            return {}  # (an empty REMOTE is refused by the command)
+        remotes = {ssh: text for text in texts if (ssh := ssh_remote(text)) is not None}
     except FilesyncError:
         return {}  # reported by the command itself, in its usual place
-    timeout = ConnectOptions().connect_timeout
-    logins: dict[Target, Pending] = {}
-    for target in targets:
-        if target.kind == "ssh" and target not in logins:
-            logins[target] = openssh.begin(
-                target.host, target.user, target.port, ssh_config=absolute(args.ssh_config),
-                identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key,
-                connect_timeout=timeout)
-    return logins
+    begun = {text: openssh.begin(
+        host, user, port, ssh_config=absolute(args.ssh_config),
+        identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key)
+        for (host, user, port, _path), text in remotes.items()}
+    from filesync.transport.target import parse_remote
+
+    return {parse_remote(text): login for text, login in begun.items()}
 
 
 def _dispatch(args: argparse.Namespace, logins: dict[Target, Pending] | None = None) -> int:
@@ -401,7 +422,7 @@ def request_from(args: argparse.Namespace, *, env: Mapping[str, str] | None = No
     absolute here, against ``cwd`` and ``env``'s ``~``.
     """
     from filesync.cli.settings import STDIO, Output, PassSettings, Request, local_root
-    from filesync.transport.base import Spawn
+    from filesync.transport.spawn import Spawn
     from filesync.transport.target import ConnectOptions, parse_remote, via_argv
 
     def _absolute(path: Path | None) -> Path | None:

@@ -21,9 +21,14 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
-from typing import Any
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing``, which the CLI's path to ssh's
+#: login leaves out (``filesync.cli.main``); mypy and ruff treat the name alike.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from types import ModuleType
+    from typing import Any
 
 
 @functools.cache

@@ -8,33 +8,7 @@ protocol spoken over one such process, so every transport shares one code path.
 from __future__ import annotations
 
 import abc
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """The context of the processes a conduit starts (``ssh``, the local ``sh``, a
-    ``--via`` command): their environment, working directory and umask, each None for
-    the process's own. The agent gives each request its client's, so nothing of the
-    agent process changes per request."""
-
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
-    umask: int | None = None
-
-    @property
-    def environ(self) -> Mapping[str, str]:
-        """The environment to read variables from (``HOME``, ``SSH_AUTH_SOCK``...)."""
-        return os.environ if self.env is None else self.env
-
-    def kwargs(self) -> dict[str, Any]:
-        """``subprocess``/``asyncio`` keyword arguments that start a process in it."""
-        given = {"env": None if self.env is None else dict(self.env), "cwd": self.cwd,
-                 "umask": -1 if self.umask is None else self.umask}
-        return {k: v for k, v in given.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ import shlex
 import signal
 
 from filesync.errors import ConnectionLost
-from filesync.transport.base import Conduit, RemoteProcess, Spawn
+from filesync.transport.base import Conduit, RemoteProcess
+from filesync.transport.spawn import Spawn
 
 
 class SubprocessProcess(RemoteProcess):

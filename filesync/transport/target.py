@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,14 +20,14 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from filesync.errors import FilesyncError, TransportError, UsageError
-from filesync.transport.base import Conduit, Spawn
+from filesync.transport.base import Conduit
+from filesync.transport.spawn import Spawn
+from filesync.transport.ssh.destination import CONNECT_TIMEOUT, ssh_remote
 from filesync.transport.ssh.options import check_ssh_options
 from filesync.tree.paths import expand_user
 
 if TYPE_CHECKING:
     from filesync.transport.ssh.openssh_login import Pending
-
-_SCP = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^@/:\[\]]+):(?P<path>.*)$")
 
 
 @dataclass(frozen=True)
@@ -60,14 +59,12 @@ def parse_remote(text: str, via: str | None = None, *, cwd: str | None = None,
     if via is not None:
         via_argv(via)  # a command line that cannot run is bad input, found before any pass
         return Target("via", text, via=via)
+    ssh = ssh_remote(text)
+    if ssh is not None:
+        host, user, port, path = ssh
+        return Target("ssh", path, host, user, port)
     if text.startswith("file://"):
         return Target("local", _absolute(unquote(urlsplit(text).path), cwd))
-    if text.startswith("ssh://"):
-        return _parse_url(text)
-    match = _SCP.match(text)
-    if match and "/" not in text.split(":", 1)[0]:
-        host = match.group("host").strip("[]")
-        return Target("ssh", match.group("path") or ".", host, match.group("user"))
     path = _absolute(expand_user(text, env), cwd)
     # A trailing '/' is kept: it says a single file goes inside that directory (as cp).
     return Target("local", path + "/" if text.endswith("/") and path != "/" else path)
@@ -75,20 +72,6 @@ def parse_remote(text: str, via: str | None = None, *, cwd: str | None = None,
 
 def _absolute(path: str, cwd: str | None) -> str:
     return os.path.normpath(os.path.join(cwd, path)) if cwd else os.path.abspath(path)
-
-
-def _parse_url(text: str) -> Target:
-    url = urlsplit(text)
-    if not url.hostname:
-        raise UsageError(f"{text!r} has no host; write ssh://[user@]host[:port]/path")
-    try:
-        port = url.port
-    except ValueError as exc:
-        raise UsageError(f"{text!r} has an invalid port; write ssh://host:PORT/path") from exc
-    path = unquote(url.path) or "."
-    if path.startswith("/~"):
-        path = path[1:]
-    return Target("ssh", path, url.hostname, url.username, port)
 
 
 def via_argv(via: str) -> list[str]:
@@ -131,7 +114,7 @@ class ConnectOptions:
     ssh_config: Path | None = None
     identity: Path | None = None
     accept_new_host_key: bool = False
-    connect_timeout: float = 15.0
+    connect_timeout: float = CONNECT_TIMEOUT
     log: Callable[[str], None] | None = field(default=None, compare=False)
     ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
     #: more ``ssh`` options (the system ssh only), such as ("-o", "ControlPath=PATH")
@@ -192,7 +175,7 @@ async def open_ssh(
     identity: str | os.PathLike[str] | None = None,
     accept_new_host_key: bool = False,
     ssh_client: str | None = None,
-    connect_timeout: float = 15.0,
+    connect_timeout: float = CONNECT_TIMEOUT,
     ssh_options: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
 ) -> Conduit:

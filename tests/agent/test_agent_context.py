@@ -31,7 +31,7 @@ from synctree import snapshot, write
 from filesync.agent import server as agent_mod
 from filesync.cli.agent_client import fingerprint
 from filesync.host.state import pair_key
-from filesync.transport.base import Spawn
+from filesync.transport.spawn import Spawn
 from filesync.transport.ssh.master import ControlMaster, run_ssh
 
 T = TypeVar("T")

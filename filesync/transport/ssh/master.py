@@ -20,9 +20,10 @@ Guarantees:
   and SIGQUIT (a ``sh`` sets that and execs ssh), as a daemonized master would. It stays
   in filesync's session, so ssh can still ask for a passphrase on the terminal.
 
-Standard library only; asyncio is imported by the waiting methods alone, and the
-explanation of a failed login (``openssh_errors``) only on a failure: the CLI spawns the
-master before anything heavier is loaded.
+Standard library only, and neither ``typing`` nor ``dataclasses`` at run time; asyncio is
+imported by the waiting methods alone, and the explanation of a failed login
+(``openssh_errors``) only on a failure: the CLI spawns the master before anything heavier
+is loaded.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from filesync.errors import TransportError
-from filesync.transport.base import Spawn
+from filesync.transport.spawn import Spawn
 
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (mypy and ruff treat the name alike).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -219,7 +220,8 @@ class ControlMaster:
                  workdir: Path | None = None, spawn: Spawn | None = None) -> None:
         # Later ssh processes (sessions, the stop) may start long after the working
         # directory of the command that connected is gone: they need none of it.
-        self.spawn = replace(spawn or Spawn(), cwd=None)
+        spawn = spawn or Spawn()
+        self.spawn = Spawn(spawn.env, None, spawn.umask)
         self.ssh = ssh
         self.alias = alias
         self.socket = socket

@@ -39,7 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from filesync.errors import ConnectionLost
-from filesync.transport.base import Conduit, RemoteProcess, Spawn
+from filesync.transport.base import Conduit, RemoteProcess
+from filesync.transport.spawn import Spawn
 from filesync.transport.ssh.master import GRACE, ControlMaster, run_ssh, session_overrides
 from filesync.transport.ssh.openssh_login import (
     CLIENTS,

@@ -12,21 +12,30 @@ Guarantees:
   logged in (``master.ControlMaster``).
 - Every failure is one ``TransportError`` line (see ``openssh_errors``).
 
-Standard library only, and no asyncio: the CLI imports this module (and starts the login)
-before anything heavier; the waiting half is ``openssh.connect``.
+Standard library only, and neither asyncio nor ``typing`` nor ``dataclasses`` at run time:
+the CLI imports this module (and starts the login) before anything heavier, and each of
+those would cost the login more than all of this path's own code
+(``tests/cli/test_cold_path.py``); the waiting half is ``openssh.connect``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import TransportError, UsageError
+from filesync.transport.ssh.destination import CONNECT_TIMEOUT
 from filesync.transport.ssh.master import ControlMaster
-from filesync.transport.ssh.resolved import OpenSshSettings, resolve_now
+from filesync.transport.ssh.resolved import resolve_now
+
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (mypy and ruff treat the name alike).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Final
+
+    from filesync.transport.ssh.resolved import OpenSshSettings
 
 #: The environment variable that picks the SSH client when ``--ssh-client`` is not given.
 ENV_CLIENT = "FILESYNC_SSH_CLIENT"
@@ -86,22 +95,24 @@ def which_ssh(env: Mapping[str, str] | None = None) -> str:
 LoginKey = tuple[str, str | None, int | None, Path | None, Path | None, bool, float]
 
 
-@dataclass
 class Pending:
     """A login under way: ``begin`` spawned it, and the caller hands it to ``connect``
     (through ``open_conduit(..., login=)``), which finishes it; ``error`` is what
     ``begin`` ran into, raised by ``connect``. ``close`` ends it if nobody took it."""
 
-    key: LoginKey
-    ssh: str = ""
-    base: list[str] | None = None
-    res: OpenSshSettings | None = None
-    error: TransportError | None = None
-    #: filesync's own master, logging in; None when the user's config names a ControlPath
-    #: (``connect`` looks for the user's running master first)
-    master: ControlMaster | None = None
-    #: set by the ``connect`` that took the login over (the conduit then owns the master)
-    taken: bool = False
+    __slots__ = ("base", "error", "key", "master", "res", "ssh", "taken")
+
+    def __init__(self, key: LoginKey) -> None:
+        self.key: Final = key
+        self.ssh = ""
+        self.base: list[str] | None = None
+        self.res: OpenSshSettings | None = None
+        self.error: TransportError | None = None
+        #: filesync's own master, logging in; None when the user's config names a
+        #: ControlPath (``connect`` looks for the user's running master first)
+        self.master: ControlMaster | None = None
+        #: set by the ``connect`` that took the login over (the conduit then owns the master)
+        self.taken = False
 
     def close(self) -> None:
         """End the login unless a conduit took it over (the command failed before it
@@ -120,7 +131,7 @@ def begin(
     ssh_config: Path | None = None,
     identity: Path | None = None,
     accept_new_host_key: bool = False,
-    connect_timeout: float = 15.0,
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> Pending:
     """Start logging in to ``host`` now, without an event loop, and return at once.
 

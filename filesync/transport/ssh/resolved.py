@@ -2,6 +2,9 @@
 
 ``ssh -G`` opens no connection (``Match exec`` commands do run). A config ssh refuses is
 one ``TransportError`` line naming ssh's complaint and the fix.
+
+Neither ``typing`` nor ``dataclasses`` at run time: the CLI resolves before it spawns
+ssh's login (``openssh_login``).
 """
 
 from __future__ import annotations
@@ -10,19 +13,26 @@ import os
 import pwd
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from filesync.errors import TransportError
 from filesync.transport.ssh.destination import DEFAULT_PORT, ssh_label
 
+#: ``typing.TYPE_CHECKING`` without importing ``typing`` (mypy and ruff treat the name alike).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
-@dataclass(frozen=True)
+
 class OpenSshSettings:
-    """What ``ssh -G`` says about a destination: the fully resolved client config."""
+    """What ``ssh -G`` says about a destination: the fully resolved client config
+    (``settings``: each lowercase key's values, in ssh's order). Never changes once made."""
 
-    alias: str
-    settings: dict[str, list[str]]
+    __slots__ = ("alias", "settings")
+
+    def __init__(self, alias: str, settings: dict[str, list[str]]) -> None:
+        self.alias: Final = alias
+        self.settings: Final = settings
 
     def get(self, key: str, default: str = "") -> str:
         values = self.settings.get(key)
