@@ -59,4 +59,7 @@ def test_journal_round_trips_with_the_field_names_it_always_wrote(tmp_path: Path
     assert (back.run_id, back.ops, back.ancestors, back.forget, back.previous,
             back.undo_dir) == ("run", ops, [["d/f", "h1", 1, 0o600, 1, 7, 9]], ["d/g"],
                                [["d/g"]], "/undo/run")
+    assert back == Journal("run", ops, [["d/f", "h1", 1, 0o600, 1, 7, 9]], ["d/g"],
+                           [["d/g"]], "/undo/run")
+    assert back != Journal("run", ops, undo_dir="/undo/run")
     assert Journal("r").ops is not Journal("r").ops  # each its own list
