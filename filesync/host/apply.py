@@ -20,8 +20,8 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from filesync.core.faults import crash_point
 from filesync.host.scan import hash_fd
@@ -41,9 +41,11 @@ from filesync.tree.wire import Reason, Status, describe, parse_reason, reason_of
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
-@dataclass(slots=True)
-class HostOp:
-    """One host change. ``expect`` is the target's (size, mtime_ns) at scan, or None."""
+class HostOp(NamedTuple):
+    """One host change. ``expect`` is the target's (size, mtime_ns) at scan, or None.
+
+    Named tuples, not dataclasses: a pull loads this module, and creating a dataclass
+    costs ~0.6 ms, five times a named tuple's."""
 
     kind: str  # "write" or "delete"
     path: str
@@ -54,8 +56,7 @@ class HostOp:
     mtime_ns: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class OpResult:
+class OpResult(NamedTuple):
     """``OK`` (done), ``CHANGED`` (target edited since the scan) or ``ERROR``."""
 
     op: HostOp

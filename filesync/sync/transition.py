@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_, ne
 from pathlib import Path
@@ -33,16 +32,21 @@ from filesync.tree.dirfd import make_dirs
 from filesync.tree.wire import SAFETY, Reason, Status
 
 
-@dataclass
 class Transitioned(CountsChanges):
     """What a transition did. Built up by the transition only, then handed back; its
-    counters are counted from ``changes``."""
+    counters are counted from ``changes``.
 
-    conflicts: list[dict[str, str]] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    #: one per confirmed file, sorted by path once the transition is over
-    changes: list[Change] = field(default_factory=list)
+    A plain class, not a dataclass: this module loads on every pass with something to
+    do, and creating a dataclass costs ~0.5 ms, more than its generated methods save."""
+
+    __slots__ = ("changes", "conflicts", "errors", "skipped")
+
+    def __init__(self) -> None:
+        self.conflicts: list[dict[str, str]] = []
+        self.skipped: list[Skipped] = []
+        self.errors: list[str] = []
+        #: one per confirmed file, sorted by path once the transition is over
+        self.changes: list[Change] = []
 
 
 def _ends_in(action: Action, kind: Kind) -> bool:
