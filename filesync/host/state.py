@@ -337,6 +337,18 @@ class PairState:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
+    def drop_staging_if_empty(self) -> None:
+        """Remove ``staging/`` once a run emptied it (its own run dir removed), so that a
+        clean run leaves nothing for the next run's recovery (``plan.recover_host``) to
+        clear: that recovery loads the journal code whenever ``staging/`` exists.
+
+        ``staging/`` is this pair's, and the pair's lock (held by the caller) keeps any
+        other run out of it: what is still in it is a crashed run's, left for the
+        recovery (a non-empty dir is never removed). A clean-up never fails the run: a
+        dir it cannot remove is the next recovery's to clear."""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.staging)
+
     @property
     def conn(self) -> sqlite3.Connection:
         assert self.db is not None, "state is closed"

@@ -42,6 +42,7 @@ def undo_in(state: PairState, local_root: Path) -> list[str]:
     finally:
         tree.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        state.drop_staging_if_empty()
     _restore_ancestors(state, manifest["previous"], set(restored))
     shutil.rmtree(run, ignore_errors=True)
     return restored

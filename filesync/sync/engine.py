@@ -193,6 +193,7 @@ async def _run(
                     ok = True
                 finally:
                     shutil.rmtree(inputs.sink.dir, ignore_errors=True)
+                    state.drop_staging_if_empty()
             finally:
                 state.close()
         finally:

@@ -123,6 +123,33 @@ def test_a_no_op_push_loads_none_of_what_it_never_runs(tmp_path: Path) -> None:
     assert (remote / "a.txt").read_text() == "a\n"
 
 
+def test_a_pull_leaves_nothing_for_the_next_runs_recovery(tmp_path: Path) -> None:
+    # A pull stages what it fetches under the pair's ``staging/``; once done, none of it
+    # may be left: the next run's recovery loads the journal code for a ``staging/``.
+    local, remote, state = tmp_path / "local", tmp_path / "remote", tmp_path / "state"
+    remote.mkdir()
+    (remote / "a.txt").write_text("a\n")
+    code = (
+        "import json, sys\n"
+        "from filesync.cli.main import main\n"
+        "rc = main(sys.argv[1:])\n"
+        "print(json.dumps({'rc': rc, 'journal': 'filesync.host.journal' in sys.modules}))\n"
+    )
+    argv = [sys.executable, "-c", code, "pull", str(local), str(remote), "-q",
+            "--state-dir", str(state)]
+    pulled = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert json.loads(pulled.stdout.splitlines()[-1]) == {"rc": 0, "journal": True}, \
+        pulled.stderr
+    assert (local / "a.txt").read_text() == "a\n"
+    (pair_dir,) = (state / "pairs").iterdir()
+    assert not (pair_dir / "staging").exists() and not (pair_dir / "journal.json").exists()
+    # A dry run applies nothing: it loads the journal code only to recover.
+    again = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert json.loads(again.stdout.splitlines()[-1]) == {"rc": 0, "journal": False}, \
+        again.stderr
+
+
 #: What the path to the spawn of ssh's login must not load: each would delay the login
 #: by its import time (``dataclasses`` brings ``inspect``, ``ast``, ``dis``, ``tokenize``).
 NOT_BEFORE_THE_LOGIN = ("asyncio", "dataclasses", "inspect", "typing", "json")

@@ -106,6 +106,7 @@ def test_undo_restores_replaced_and_deleted_files_and_their_ancestors(
     assert (local / "gone.txt").read_text() == "deleted by the pull\n"
     assert not (local / "born.txt").exists()
     assert state.ancestors() == {"d/changed.txt": OLD, "gone.txt": OLD}
+    assert not state.staging.exists()  # its scratch copies gone: nothing left to recover
     # Consumed: a second undo has nothing left.
     with pytest.raises(FilesyncError, match="nothing to undo"):
         undo_in(state, local)
@@ -132,3 +133,15 @@ def test_undo_never_recreates_a_deleted_file_over_a_new_one(
     write(local / "a.txt", "made after the pull\n")
     assert undo_in(state, local) == []
     assert (local / "a.txt").read_text() == "made after the pull\n"
+
+
+def test_only_an_empty_staging_dir_is_dropped(state: PairState) -> None:
+    # A crashed run's staged files are the recovery's to clear, never a clean-up's.
+    stage(state, "1", "a crashed run's\n")
+    state.drop_staging_if_empty()
+    assert (state.staging / "run" / "1").exists()
+    (state.staging / "run" / "1").unlink()
+    (state.staging / "run").rmdir()
+    state.drop_staging_if_empty()
+    assert not state.staging.exists()
+    state.drop_staging_if_empty()  # none at all: nothing to do, no error
