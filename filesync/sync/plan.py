@@ -7,7 +7,9 @@ is never read as deleted. Most files of a large tree are unchanged on all three 
 those are taken out first by the bulk filters of ``filesync.core.quiet``
 (``unchanged_remote``, ``quiet_paths``), which hold exactly where ``decide()`` has nothing
 to do, and only the rest is reconciled. A watched pass reuses the last pass's results of
-those two where their inputs compare equal (``sync.memo``).
+those two where their inputs compare equal (``sync.memo``). A host walk the pair's seal
+speaks for (``seal.host_digest``) is the ancestors' on the host side: its hashes are
+theirs, the stat cache neither read nor applied.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from filesync.host.scan import (
 )
 from filesync.host.state import Ancestor, PairState
 from filesync.sync import carry as carrying
+from filesync.sync import seal as sealing
 from filesync.sync.carry import AllBut, Overlaid
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
@@ -169,8 +172,12 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
             walk = start_walk(inputs.local_root, opts.rule, inputs.trees)
         started_ns, walking = walk.started_ns, walk.listing
     # The state's tables are read in a thread too, while this task waits for the remote
-    # listing: a large pair's rows would otherwise come before it.
-    reading = offthread.start(_read_state, state)
+    # listing: a large pair's rows would otherwise come before it. Not the stat cache
+    # when the seal speaks for the host walk (``seal.host_digest``).
+    sealed_host = sealing.host_digest(inputs) if walk is not None else None
+    reading = offthread.start(_read_state, state,
+                              None if walk is None or sealed_host is None else walk.thread,
+                              sealed_host)
     try:
         if remote is None:
             remote = await inputs.endpoint.list_tree(inputs.remote_root, opts.rule)
@@ -187,8 +194,13 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
     carry = carrying.begin(
         inputs.memo,
         listed.lineage, remote.lineage, state_lineage)
-    local = (_scan_cached(inputs, listed, old_cache, started_ns) if carry is None
-             else _carried_scan(carry, listed, old_cache, started_ns))
+    local = None
+    if old_cache is None:  # the walk is the sealed one
+        local = _sealed_scan(listed, anc, started_ns) if carry is None else None
+        old_cache = state.local_cache() if local is None else dict(local.cache_rows)
+    if local is None:
+        local = (_scan_cached(inputs, listed, old_cache, started_ns) if carry is None
+                 else _carried_scan(carry, listed, old_cache, started_ns))
     # (No unsafe name is in ``remote``: the endpoint contract keeps them in ``skipped``,
     # and ``tests/endpoint/test_contract.py`` holds both endpoints to it.)
     rfiles = remote.files()
@@ -199,10 +211,32 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
                  (*local.listing.skipped, *remote.skipped), carry)
 
 
-def _read_state(state: PairState) -> tuple[dict[str, Ancestor], dict[str, CacheRow],
-                                           Lineage | None]:
-    ancestors, cache = state.ancestors(), state.local_cache()
-    return ancestors, cache, state.lineage()
+def _read_state(state: PairState, walking: concurrent.futures.Future[Listing] | None,
+                sealed_host: str | None
+                ) -> tuple[dict[str, Ancestor], dict[str, CacheRow] | None, Lineage | None]:
+    """The ancestors, the stat cache (None, unread, when the host walk ``walking`` has the
+    digest ``sealed_host``: see ``seal.host_digest``) and the state's lineage."""
+    ancestors = state.ancestors()
+    # (A walk that failed is raised by ``scan``, its reader; the cache is read here.)
+    sealed = walking is not None and walking.exception() is None \
+        and walking.result().digest == sealed_host
+    return ancestors, None if sealed else state.local_cache(), state.lineage()
+
+
+def _sealed_scan(listed: Listing, anc: Mapping[str, Ancestor],
+                 started_ns: int) -> LocalScan | None:
+    """What ``scan_cached`` and ``hash_needed`` would find for a host walk the seal speaks
+    for (``seal.host_digest``): each file's ancestor hash, from a stat cache row of its
+    stat and that hash; none is read. None where the ancestors are not exactly the walk's
+    files (never, for a walk the seal speaks for): the full scan is run then."""
+    entries = listed.entries
+    if entries.keys() != anc.keys():
+        return None
+    scan = LocalScan(listed, started_ns=started_ns)
+    scan.hashes = {p: anc[p].hash for p in entries}
+    scan.cache_rows = {p: (e.size, e.mtime_ns, e.ino, anc[p].hash)
+                       for p, e in entries.items()}
+    return scan
 
 
 def _carried_scan(carry: carrying.Carry, listed: Listing,

@@ -42,14 +42,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from filesync.core.model import Listing
-from filesync.core.reconcile import Kind
+from filesync.core.reconcile import Direction, Kind
 from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
 from filesync.sync.inputs import Options, PassInputs, Planned, Scans
-from filesync.sync.plan import Walk
 from filesync.version import __version__
+
+if TYPE_CHECKING:
+    from filesync.sync.plan import Walk  # (``plan`` reads the seal: ``host_digest``)
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,30 @@ class Sealed:
     excluded: int
 
 
-def fingerprint(opts: Options) -> str:
-    """What a pass's decisions read besides the listings and the state."""
-    return json.dumps([__version__, opts.direction.value, opts.rule.wire(),
+def fingerprint(opts: Options, direction: Direction | None = None) -> str:
+    """What a pass's decisions read besides the listings and the state (``direction``:
+    instead of the pass's own)."""
+    return json.dumps([__version__, (direction or opts.direction).value, opts.rule.wire(),
                        opts.max_file_size], sort_keys=True)
+
+
+def host_digest(inputs: PassInputs) -> str | None:
+    """The host walk digest of the pair's seal, if the seal may speak for this pass's host
+    side (None: no seal, or one this pass may not use); taken by ``plan.scan``.
+
+    A pass whose host walk has that digest has the host tree the sealing pass walked
+    (every row: path, size, mtime, mode, inode, links), and the sealing pass left every
+    host file's hash equal to its ancestor's, and the stat cache holding that hash for it
+    (none was within ``RACY_NS`` of its walk, so every one was cached). Nothing was
+    written to the state since (every write drops the seal). So the stat cache would give
+    each host file its ancestor's hash again, and none would be read: the host side is
+    the ancestors', whatever the remote did since. Only the direction may differ from the
+    sealing pass's: host hashes do not depend on it (a teardown pull after a push)."""
+    seal = inputs.state.seal() if may_use(inputs) else None
+    if seal is None or not any(seal.fingerprint == fingerprint(inputs.opts, d)
+                               for d in Direction):
+        return None
+    return seal.host
 
 
 def may_use(inputs: PassInputs) -> bool:
@@ -122,4 +145,5 @@ async def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bo
     return Seal(fingerprint(opts), host.digest, remote_digest, scans.excluded)
 
 
-__all__ = ["REMOTE_ONLY", "Sealed", "check", "fingerprint", "may_use", "seal_for"]
+__all__ = ["REMOTE_ONLY", "Sealed", "check", "fingerprint", "host_digest", "may_use",
+           "seal_for"]

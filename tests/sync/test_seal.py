@@ -18,8 +18,10 @@ from synctree import snapshot, write
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
 from filesync.endpoint.helper import HelperEndpoint
-from filesync.host.scan import DIGEST_ROWS, walk_digest
-from filesync.host.state import PairState, Seal
+from filesync.host.scan import DIGEST_ROWS, list_local, walk_digest
+from filesync.host.state import Ancestor, PairState, Seal
+from filesync.sync import plan as plan_module
+from filesync.sync import seal as seal_module
 from filesync.sync.engine import Options, Report, run_pass
 from filesync.sync.warm import WarmState
 from filesync.transport.local import local_conduit
@@ -385,3 +387,95 @@ def test_the_walk_digest_covers_rows_past_its_first_piece() -> None:
     rows[-1][5] = 0  # the inode of the last row
     assert walk_digest(rows, [], 0) != digest
     assert walk_digest(rows[:-1], [], 0) != walk_digest(rows, [], 0)
+
+
+def count_host_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets an item each time a pass reads the stat cache or applies it."""
+    done: list[str] = []
+    real_cache, real_scan = PairState.local_cache, plan_module.scan_cached
+
+    def local_cache(self: PairState) -> Any:
+        done.append("local_cache")
+        return real_cache(self)
+
+    def scan_cached(*args: Any) -> Any:
+        done.append("scan_cached")
+        return real_scan(*args)
+
+    monkeypatch.setattr(PairState, "local_cache", local_cache)
+    monkeypatch.setattr(plan_module, "scan_cached", scan_cached)
+    return done
+
+
+def _stat_cache(pair: Pair) -> dict[str, tuple[int, int, str]]:
+    """The host stat cache without its inodes (size, mtime, hash)."""
+    state = pair.pair_state()
+    try:
+        return {p: (size, mtime, h) for p, (size, mtime, _ino, h)
+                in PairState.local_cache(state).items()}
+    finally:
+        state.close()
+
+
+def test_a_pull_on_the_sealed_host_walk_takes_the_host_side_from_the_seal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The teardown pull: only the remote changed since the push sealed the pair. The
+    host's stat cache is neither read nor applied, and the pass leaves the state a full
+    scan leaves (its seal ignored)."""
+    left: list[dict[str, tuple[int, int, str]]] = []
+    for take_seal in (True, False):
+        pair = Pair(tmp_path / str(take_seal))
+        for rel in ("a.txt", "d/b.txt", "d/e/c.sh"):
+            old(write(pair.local / rel, f"{rel}\n"))
+        sealed_pair(pair)
+        _remote_edit(pair)
+        _remote_new(pair)
+        scans = count_host_scans(monkeypatch)
+        if not take_seal:
+            monkeypatch.setattr(seal_module, "host_digest", lambda inputs: None)
+        report = pair.run(Direction.PULL)
+        assert report.downloaded == 2 and not report.skipped
+        assert (scans == []) is take_seal, scans
+        assert snapshot(pair.local) == snapshot(pair.remote)
+        monkeypatch.undo()
+        left.append(_stat_cache(pair))
+        # The next pass compares in full (nothing sealed the pulled host) and agrees.
+        assert not pair.run(Direction.SYNC).plan
+    assert left[0] == left[1] and "d/b.txt" not in left[0]  # pulled: hashed again later
+
+
+HOST_CHANGES = [c for c in CHANGES if c.startswith("host")]
+
+
+@pytest.mark.parametrize("change", HOST_CHANGES)
+def test_a_host_change_after_the_seal_gets_the_full_host_scan(
+    pair: Pair, change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sealed_pair(pair)
+    CHANGES[change](pair)
+    _remote_new(pair)
+    expected = snapshot(pair.local)
+    scans = count_host_scans(monkeypatch)
+    report = pair.run(Direction.SYNC)
+    assert "local_cache" in scans and "scan_cached" in scans
+    assert (report.uploaded + report.deleted_remote, report.downloaded) == (1, 1), \
+        report.to_json()
+    host, remote = snapshot(pair.local), snapshot(pair.remote)
+    host.pop("node_modules/x.js")
+    expected.pop("node_modules/x.js")
+    assert host == remote
+    assert {p: v for p, v in host.items() if p != "d/new.txt"} == expected
+
+
+def test_ancestors_that_are_not_the_walks_files_get_the_full_scan(pair: Pair) -> None:
+    # Never so for a walk the seal speaks for; were it, no file would go without a hash.
+    listed = list_local(pair.local, RULE)
+    anc = {p: Ancestor("h", e.size, e.mode & 0o777, e.size, e.mtime_ns, 0)
+           for p, e in listed.entries.items()}
+    scan = plan_module._sealed_scan(listed, anc, OLD_NS * 2)
+    assert scan is not None and scan.hashes == dict.fromkeys(listed.entries, "h")
+    anc.pop("a.txt")
+    assert plan_module._sealed_scan(listed, anc, OLD_NS * 2) is None
+    anc["a.txt"], anc["gone.txt"] = anc["d/b.txt"], anc["d/b.txt"]
+    assert plan_module._sealed_scan(listed, anc, OLD_NS * 2) is None
