@@ -243,7 +243,7 @@ async def _after_recovery(
         report.excluded = sealed.excluded
         report.open_conflicts = list(inputs.state.conflicts().values())
         return
-    scans = await planning.scan(inputs, walk, sealed)
+    scans = await planning.scan(inputs, walk, sealed, sealing.host_digest(inputs))
     if checking is not None:
         await checking  # before anything is fetched or applied
     report.excluded = scans.excluded

@@ -41,7 +41,6 @@ from filesync.host.scan import (
 )
 from filesync.host.state import Ancestor, PairState
 from filesync.sync import carry as carrying
-from filesync.sync import seal as sealing
 from filesync.sync.carry import AllBut, Overlaid
 from filesync.sync.inputs import PassInputs, Planned, Scans
 from filesync.sync.memo import CachedScan
@@ -152,12 +151,13 @@ async def recover_host(inputs: PassInputs, walk: Walk | None) -> Walk | None:
 
 
 async def scan(inputs: PassInputs, walk: Walk | None = None,
-               remote: Listing | None = None) -> Scans:
+               remote: Listing | None = None, sealed_host: str | None = None) -> Scans:
     """List both sides and hash what will be compared (after ``recover_host``).
 
     ``walk``: the host walk to use (one is started when None, unless the pass shares the
     walks of a fan-out); ``remote``: the remote listing, when the seal step already read
-    it (``sync.seal.check``)."""
+    it (``sync.seal.check``); ``sealed_host``: the host walk digest of the pair's seal
+    when the seal may speak for this pass's host side (``sync.seal.host_digest``)."""
     state, opts = inputs.state, inputs.opts
     shared = inputs.host_scans
     # The host walk (stat only) runs in a thread while the state is read and the
@@ -174,7 +174,6 @@ async def scan(inputs: PassInputs, walk: Walk | None = None,
     # The state's tables are read in a thread too, while this task waits for the remote
     # listing: a large pair's rows would otherwise come before it. Not the stat cache
     # when the seal speaks for the host walk (``seal.host_digest``).
-    sealed_host = sealing.host_digest(inputs) if walk is not None else None
     reading = offthread.start(_read_state, state,
                               None if walk is None or sealed_host is None else walk.thread,
                               sealed_host)

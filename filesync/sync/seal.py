@@ -42,17 +42,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from filesync.core.model import Listing
 from filesync.core.reconcile import Direction, Kind
 from filesync.host.scan import RACY_NS
 from filesync.host.state import Seal
 from filesync.sync.inputs import Options, PassInputs, Planned, Scans
+from filesync.sync.plan import Walk
 from filesync.version import __version__
-
-if TYPE_CHECKING:
-    from filesync.sync.plan import Walk  # (``plan`` reads the seal: ``host_digest``)
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ def fingerprint(opts: Options, direction: Direction | None = None) -> str:
 
 def host_digest(inputs: PassInputs) -> str | None:
     """The host walk digest of the pair's seal, if the seal may speak for this pass's host
-    side (None: no seal, or one this pass may not use); taken by ``plan.scan``.
+    side (None: no seal, or one this pass may not use), for ``plan.scan``.
 
     A pass whose host walk has that digest has the host tree the sealing pass walked
     (every row: path, size, mtime, mode, inode, links), and the sealing pass left every
