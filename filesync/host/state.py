@@ -1,7 +1,8 @@
 """Persistent per-pair state in SQLite: the ancestor, caches, conflicts, the seal, the lock.
 
 One directory per (local root, remote identity, remote root) pair under the state
-dir, holding ``state.db``, ``lock``, ``staging/``, ``conflicts/`` and ``undo/``.
+dir, holding ``state.db``, ``lock``, ``staging/`` (only while a run stages, or after
+one was interrupted), ``conflicts/`` and ``undo/``.
 The ancestor row of a path is written only after the transfer it describes was
 confirmed, so a crash at any point leaves a state the next run can reconcile from.
 The seal (``Seal``) is dropped by every write of the state: it only ever describes the
