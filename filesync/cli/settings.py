@@ -17,12 +17,12 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.reconcile import Direction
+from filesync.core.record import FrozenRecord
 from filesync.errors import UsageError
 from filesync.session.terms import (
     IDLE_TIMEOUT,
@@ -39,25 +39,39 @@ DEFAULT_MAX_FILE_SIZE = 1 << 30
 DEFAULT_MAX_PULL_BYTES = 2 << 30
 
 
-@dataclass(frozen=True)
-class PassSettings:
+class PassSettings(FrozenRecord):
     """How passes run. ``timeout`` and ``lock_timeout`` are seconds, 0 for none / no wait;
     ``idle_timeout`` is seconds above 0 (no "none": see ``filesync.endpoint.idle``);
     sizes are bytes, above 0. ``state_dir`` None is ``$FILESYNC_STATE_DIR`` or the XDG
-    default, looked up when a pass starts."""
+    default, looked up when a pass starts.
 
-    state_dir: Path | None = None
-    exclude: tuple[str, ...] = ()
-    default_excludes: bool = True
-    dry_run: bool = False
-    force: bool = False
-    lock_timeout: float = 0.0
-    timeout: float = 0.0
-    idle_timeout: float = IDLE_TIMEOUT
-    max_file_size: int = DEFAULT_MAX_FILE_SIZE
-    max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES
+    The records of this module are ``FrozenRecord``s, not dataclasses: every CLI run
+    imports it, and creating a dataclass costs ~1 ms of CPU (``filesync.core.record``)."""
 
-    def __post_init__(self) -> None:
+    __slots__ = ("default_excludes", "dry_run", "exclude", "force", "idle_timeout",
+                 "lock_timeout", "max_file_size", "max_pull_bytes", "state_dir", "timeout")
+    _fields = ("state_dir", "exclude", "default_excludes", "dry_run", "force",
+               "lock_timeout", "timeout", "idle_timeout", "max_file_size", "max_pull_bytes")
+
+    def __init__(self, state_dir: Path | None = None, exclude: tuple[str, ...] = (),
+                 default_excludes: bool = True, dry_run: bool = False, force: bool = False,
+                 lock_timeout: float = 0.0, timeout: float = 0.0,
+                 idle_timeout: float = IDLE_TIMEOUT,
+                 max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+                 max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES) -> None:
+        self.state_dir: Final = state_dir
+        self.exclude: Final = exclude
+        self.default_excludes: Final = default_excludes
+        self.dry_run: Final = dry_run
+        self.force: Final = force
+        self.lock_timeout: Final = lock_timeout
+        self.timeout: Final = timeout
+        self.idle_timeout: Final = idle_timeout
+        self.max_file_size: Final = max_file_size
+        self.max_pull_bytes: Final = max_pull_bytes
+        self._check()
+
+    def _check(self) -> None:
         if not isinstance(self.exclude, tuple) or not all(
             isinstance(p, str) for p in self.exclude
         ):
@@ -169,15 +183,20 @@ class StdSink:
 STDIO = StdSink()
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(FrozenRecord):
     """What the CLI prints: ``json`` one object on stdout, ``quiet`` less, ``verbose`` more;
-    all of it through ``sink``."""
+    all of it through ``sink`` (not compared)."""
 
-    json: bool = False
-    quiet: bool = False
-    verbose: int = 0
-    sink: Sink = field(default=STDIO, compare=False)
+    __slots__ = ("json", "quiet", "sink", "verbose")
+    _fields = ("json", "quiet", "verbose", "sink")
+    _uncompared = frozenset({"sink"})
+
+    def __init__(self, json: bool = False, quiet: bool = False, verbose: int = 0,
+                 sink: Sink = STDIO) -> None:
+        self.json: Final = json
+        self.quiet: Final = quiet
+        self.verbose: Final = verbose
+        self.sink: Final = sink
 
     def print(self, line: str) -> None:
         """One line on stdout."""
@@ -198,31 +217,41 @@ class Output:
         return None
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(FrozenRecord):
     """One pass command, fully typed: push, pull, sync, status, resolve or undo.
 
     Either ``local`` and ``targets`` (LOCAL REMOTE...) or ``config`` (a filesync.toml,
     read when the command runs; ``via`` then overrides the file's). ``keep`` and ``path``
-    are resolve's.
+    are resolve's. ``env`` is not compared.
     """
 
-    command: str
-    settings: PassSettings
-    connect: ConnectOptions
-    output: Output
-    local: Path | None = None
-    targets: tuple[Target, ...] = ()
-    config: Path | None = None
-    via: str | None = None
-    path: str = ""
-    keep: str = ""
-    #: The environment the command runs in (state dir, ``~`` of a config file's paths):
-    #: the process's for the plain CLI, the client's in the agent.
-    env: Mapping[str, str] = field(default_factory=lambda: os.environ, compare=False)
-    #: The umask of what the command creates on the host (``Options.umask``): None for
-    #: the plain CLI (the process's), the client's in the agent.
-    umask: int | None = None
+    __slots__ = ("command", "config", "connect", "env", "keep", "local", "output", "path",
+                 "settings", "targets", "umask", "via")
+    _fields = ("command", "settings", "connect", "output", "local", "targets", "config",
+               "via", "path", "keep", "env", "umask")
+    _uncompared = frozenset({"env"})
+
+    def __init__(self, command: str, settings: PassSettings, connect: ConnectOptions,
+                 output: Output, local: Path | None = None, targets: tuple[Target, ...] = (),
+                 config: Path | None = None, via: str | None = None, path: str = "",
+                 keep: str = "", env: Mapping[str, str] | None = None,
+                 umask: int | None = None) -> None:
+        self.command: Final = command
+        self.settings: Final = settings
+        self.connect: Final = connect
+        self.output: Final = output
+        self.local: Final = local
+        self.targets: Final = targets
+        self.config: Final = config
+        self.via: Final = via
+        self.path: Final = path
+        self.keep: Final = keep
+        #: The environment the command runs in (state dir, ``~`` of a config file's
+        #: paths): the process's for the plain CLI, the client's in the agent.
+        self.env: Final[Mapping[str, str]] = os.environ if env is None else env
+        #: The umask of what the command creates on the host (``Options.umask``): None
+        #: for the plain CLI (the process's), the client's in the agent.
+        self.umask: Final = umask
 
     @property
     def plan_only(self) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from filesync.core.lineage import Lineage
+from filesync.core.record import Record
 from filesync.tree.paths import all_safe, unsafe_reason
 from filesync.tree.wire import Reason, describe
 
@@ -29,10 +29,12 @@ class Entry(NamedTuple):
     ino: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Skipped:
+class Skipped(NamedTuple):
     """A path that was seen but deliberately not synced: ``reason`` in words, ``code`` (a
-    ``filesync.tree.wire.Reason``, ``None`` for the host's own rules) to decide on."""
+    ``filesync.tree.wire.Reason``, ``None`` for the host's own rules) to decide on.
+
+    A named tuple, and ``Listing`` a ``Record``, not dataclasses: every run imports this
+    module, and creating a dataclass costs ~1 ms of CPU (``filesync.core.record``)."""
 
     path: str
     reason: str
@@ -44,21 +46,27 @@ class Skipped:
         return cls(path, describe(code, detail), code)
 
 
-@dataclass(slots=True)
-class Listing:
+class Listing(Record):
     """What one side holds under its root, after the exclusion rule pruned it."""
 
-    root: str
-    exists: bool
-    entries: dict[str, Entry] = field(default_factory=dict)
-    skipped: list[Skipped] = field(default_factory=list)
-    excluded: int = 0
-    #: what the walk found, as a digest: two listings of one root with the same
-    #: non-empty digest are equal, field by field and in order ("" when not taken)
-    digest: str = ""
-    #: the version of a tree kept current (a watch, a delta base) this listing is, so a
-    #: later pass can ask what changed since (``filesync.core.lineage``); None: unknown
-    lineage: Lineage | None = None
+    __slots__ = ("digest", "entries", "excluded", "exists", "lineage", "root", "skipped")
+    _fields = ("root", "exists", "entries", "skipped", "excluded", "digest", "lineage")
+
+    def __init__(self, root: str, exists: bool, entries: dict[str, Entry] | None = None,
+                 skipped: list[Skipped] | None = None, excluded: int = 0, digest: str = "",
+                 lineage: Lineage | None = None) -> None:
+        self.root = root
+        self.exists = exists
+        self.entries: dict[str, Entry] = {} if entries is None else entries
+        self.skipped: list[Skipped] = [] if skipped is None else skipped
+        self.excluded = excluded
+        #: what the walk found, as a digest: two listings of one root with the same
+        #: non-empty digest are equal, field by field and in order ("" when not taken)
+        self.digest = digest
+        #: the version of a tree kept current (a watch, a delta base) this listing is, so
+        #: a later pass can ask what changed since (``filesync.core.lineage``); None:
+        #: unknown
+        self.lineage = lineage
 
     def files(self) -> dict[str, Entry]:
         """The regular files (``entries`` holds nothing else: the walks skip the rest)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Direction(enum.Enum):
@@ -50,9 +50,13 @@ class Kind(enum.StrEnum):
     FORGET = "forget"  # gone on both sides: drop the ancestor
 
 
-@dataclass(frozen=True, slots=True)
-class Version:
-    """One side's content of a path: its digest and permission bits."""
+class Version(NamedTuple):
+    """One side's content of a path: its digest and permission bits.
+
+    ``Version``, ``Clash`` and ``Action`` are named tuples, not dataclasses: every run
+    imports this module, and creating a dataclass compiles its methods from source
+    (~1 ms of CPU each); a plan makes one per path, and a named tuple is also the
+    cheapest immutable record to build."""
 
     hash: str
     mode: int
@@ -61,8 +65,7 @@ class Version:
         return other is not None and self.hash == other.hash and self.mode == other.mode
 
 
-@dataclass(frozen=True, slots=True)
-class Clash:
+class Clash(NamedTuple):
     """A type conflict at an action's path: a file on one side, a directory on the other.
 
     ``local``/``remote``: each side's files at or under the path, sorted (the file side
@@ -78,8 +81,7 @@ class Clash:
     remote_dir: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(NamedTuple):
     """One step of a plan. ``then`` is what a conflict does after saving the loser.
 
     ``clash``: set on a type conflict's ``CONFLICT``; ``of``: on the steps that carry it

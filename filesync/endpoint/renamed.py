@@ -21,7 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Entry, Listing
@@ -85,13 +85,13 @@ class RenamedEndpoint:
 
     async def send(self, root: str, items: Iterable[SendItem],
                    count: int | None = None) -> list[Outcome]:
-        out = (replace(item, path=self._out(item.path)) for item in items)
-        return [replace(o, path=self._in(o.path)) for o in
+        out = (item._replace(path=self._out(item.path)) for item in items)
+        return [o._replace(path=self._in(o.path)) for o in
                 await self._inner.send(root, out, count)]
 
     async def delete(self, root: str, files: Sequence[Entry]) -> list[Outcome]:
         out = [f._replace(path=self._out(f.path)) for f in files]
-        return [replace(o, path=self._in(o.path)) for o in
+        return [o._replace(path=self._in(o.path)) for o in
                 await self._inner.delete(root, out)]
 
     async def any_exists(self, paths: Sequence[str]) -> bool:
@@ -124,7 +124,7 @@ class RenamedEndpoint:
         found = listing.entries.get(name)
         if found is not None:
             entries[self._rename.local] = found._replace(path=self._rename.local)
-        skipped = [replace(s, path=self._rename.local) for s in listing.skipped
+        skipped = [s._replace(path=self._rename.local) for s in listing.skipped
                    if s.path == name]
         return Listing(listing.root, listing.exists, entries, skipped, listing.excluded,
                        listing.digest)
@@ -138,7 +138,7 @@ class _Sink:
         self._to_host = to_host
 
     def _head(self, head: FetchHeader) -> FetchHeader:
-        return replace(head, path=self._to_host(head.path))
+        return head._replace(path=self._to_host(head.path))
 
     def begin(self, head: FetchHeader) -> Callable[[bytes], None]:
         return self._sink.begin(self._head(head))

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from filesync.core.exclude import ExcludeRule
 from filesync.core.model import Listing, Skipped
 from filesync.core.reconcile import Action, Direction, Version
+from filesync.core.record import FrozenRecord
 from filesync.endpoint.contract import Endpoint
 from filesync.endpoint.idle import IDLE_TIMEOUT
 from filesync.endpoint.renamed import Rename
@@ -74,42 +75,59 @@ class Options:
     umask: int | None = None
 
 
-@dataclass(frozen=True)
-class PassInputs:
-    """Who and where: fixed for the whole pass."""
+class PassInputs(FrozenRecord):
+    """Who and where: fixed for the whole pass.
 
-    opts: Options
-    endpoint: Endpoint
-    state: PairState
-    local_root: Path
-    remote_root: str
-    run_id: str
-    #: the pass's clock (ns): the ``synced_ns`` of every ancestor row it writes
-    now: int
-    sink: StagingSink
-    #: the pair's memo (``sync.memo``), kept by a watching ``WarmState``; None: none kept
-    memo: PassMemo | None = None
-    #: the watched host trees of a watching ``WarmState`` the host is listed through
-    trees: WatchedTrees | None = None
-    #: the host walks, digests and upload reads this pass shares with the other passes
-    #: of its run (a fan-out): one ``HostScans`` per run, None for a lone pass
-    host_scans: HostScans | None = None
+    ``PassInputs`` and ``Scans`` are ``FrozenRecord``s, not dataclasses: every run imports
+    this module, and creating a dataclass costs ~1 ms of CPU (``filesync.core.record``).
+    ``Options`` and ``Planned`` stay dataclasses: callers ``dataclasses.replace`` them."""
+
+    __slots__ = ("endpoint", "host_scans", "local_root", "memo", "now", "opts",
+                 "remote_root", "run_id", "sink", "state", "trees")
+    _fields = ("opts", "endpoint", "state", "local_root", "remote_root", "run_id", "now",
+               "sink", "memo", "trees", "host_scans")
+
+    def __init__(self, opts: Options, endpoint: Endpoint, state: PairState, local_root: Path,
+                 remote_root: str, run_id: str, now: int, sink: StagingSink,
+                 memo: PassMemo | None = None, trees: WatchedTrees | None = None,
+                 host_scans: HostScans | None = None) -> None:
+        self.opts: Final = opts
+        self.endpoint: Final = endpoint
+        self.state: Final = state
+        self.local_root: Final = local_root
+        self.remote_root: Final = remote_root
+        self.run_id: Final = run_id
+        #: the pass's clock (ns): the ``synced_ns`` of every ancestor row it writes
+        self.now: Final = now
+        self.sink: Final = sink
+        #: the pair's memo (``sync.memo``), kept by a watching ``WarmState``; None: none
+        self.memo: Final = memo
+        #: the watched host trees of a watching ``WarmState`` the host is listed through
+        self.trees: Final = trees
+        #: the host walks, digests and upload reads this pass shares with the other
+        #: passes of its run (a fan-out): one ``HostScans`` per run, None for a lone pass
+        self.host_scans: Final = host_scans
 
 
-@dataclass(frozen=True)
-class Scans:
+class Scans(FrozenRecord):
     """Both sides and the ancestor as the pass found them."""
 
-    ancestors: Mapping[str, Ancestor]
-    local: LocalScan
-    remote: Listing
-    #: the host stat cache as it was read: new rows are written only where they differ
-    old_cache: Mapping[str, tuple[int, int, int, str]]
-    excluded: int
-    skipped: tuple[Skipped, ...]
-    #: what the pair's previous watched pass carried, and what this one carries on
-    #: (``sync.carry``); None for a pass whose inputs have no lineages
-    carry: Carry | None = None
+    __slots__ = ("ancestors", "carry", "excluded", "local", "old_cache", "remote", "skipped")
+    _fields = ("ancestors", "local", "remote", "old_cache", "excluded", "skipped", "carry")
+
+    def __init__(self, ancestors: Mapping[str, Ancestor], local: LocalScan, remote: Listing,
+                 old_cache: Mapping[str, tuple[int, int, int, str]], excluded: int,
+                 skipped: tuple[Skipped, ...], carry: Carry | None = None) -> None:
+        self.ancestors: Final = ancestors
+        self.local: Final = local
+        self.remote: Final = remote
+        #: the host stat cache as it was read: new rows are written only where they differ
+        self.old_cache: Final = old_cache
+        self.excluded: Final = excluded
+        self.skipped: Final = skipped
+        #: what the pair's previous watched pass carried, and what this one carries on
+        #: (``sync.carry``); None for a pass whose inputs have no lineages
+        self.carry: Final = carry
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,7 @@ nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from filesync.core.lineage import Lineage
 from filesync.tree.bounded import Bounded
@@ -38,17 +37,18 @@ PAIRS = 8
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
-class CachedScan:
-    """What ``scan_cached`` found, as the memo keeps it (copies, never changed)."""
+class CachedScan(NamedTuple):
+    """What ``scan_cached`` found, as the memo keeps it (copies, never changed).
+
+    ``CachedScan`` and ``Carried`` are named tuples, not dataclasses: every run imports
+    this module, and creating a dataclass costs ~1 ms of CPU (``filesync.core.record``)."""
 
     hashes: dict[str, str]
     misses: tuple[str, ...]
     cache_rows: dict[str, tuple[int, int, int, str]]
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
+class Carried(NamedTuple):
     """What a pass found, with the lineages of the inputs it found it in (host listing,
     remote listing, state). The next pass takes the sets over (``carry.begin`` takes them
     out of the memo): they are updated in place, never copied. Of a pair in sync, every

@@ -18,11 +18,10 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Set
-from dataclasses import dataclass
 from itertools import chain, filterfalse
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from filesync.core import deferred, offthread
 from filesync.core.exclude import ExcludeRule
@@ -30,6 +29,7 @@ from filesync.core.lineage import Lineage
 from filesync.core.model import Entry, Listing, Skipped
 from filesync.core.quiet import quiet_paths, unchanged_remote
 from filesync.core.reconcile import Direction, Kind, Version, dirs_of, reconcile
+from filesync.core.record import Record
 from filesync.errors import FilesyncError, SafetyRefusal
 from filesync.host.scan import (
     RACY_NS,
@@ -53,9 +53,11 @@ if TYPE_CHECKING:
 _ROW_HASH = itemgetter(3)
 
 
-@dataclass(frozen=True)
-class RemoteVersions:
-    """The remote versions known without reading the remote, and what must be fetched."""
+class RemoteVersions(NamedTuple):
+    """The remote versions known without reading the remote, and what must be fetched.
+
+    A named tuple, and ``Walk`` a ``Record``, not dataclasses: every run imports this
+    module, and creating a dataclass costs ~1 ms of CPU (``filesync.core.record``)."""
 
     #: from the remote hash cache: (size, mtime) still as when the hash was taken
     known: Mapping[str, Version]
@@ -86,19 +88,24 @@ def require_remote_source(inputs: PassInputs, scans: Scans) -> None:
         )
 
 
-@dataclass
-class Walk:
+class Walk(Record):
     """A host walk of ``local_root`` under ``rule`` (through ``trees``, the owner's watched
     trees, if any) under way in a thread (``start_walk``), taken by ``scan``."""
 
-    started_ns: int
-    listing: asyncio.Future[Listing]
-    local_root: Path
-    rule: ExcludeRule
-    trees: WatchedTrees | None
-    #: the thread's own future, done only once the thread is: ``listing`` is cancelled at
-    #: once when a task awaiting it is, while its thread walks on
-    thread: concurrent.futures.Future[Listing]
+    __slots__ = ("listing", "local_root", "rule", "started_ns", "thread", "trees")
+    _fields = ("started_ns", "listing", "local_root", "rule", "trees", "thread")
+
+    def __init__(self, started_ns: int, listing: asyncio.Future[Listing], local_root: Path,
+                 rule: ExcludeRule, trees: WatchedTrees | None,
+                 thread: concurrent.futures.Future[Listing]) -> None:
+        self.started_ns = started_ns
+        self.listing = listing
+        self.local_root = local_root
+        self.rule = rule
+        self.trees = trees
+        #: the thread's own future, done only once the thread is: ``listing`` is cancelled
+        #: at once when a task awaiting it is, while its thread walks on
+        self.thread = thread
 
     def fits(self, local_root: Path, rule: ExcludeRule, trees: WatchedTrees | None) -> bool:
         """Whether this is the walk a pass of ``local_root`` under ``rule`` would start."""

@@ -14,11 +14,12 @@ import copy
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import unquote, urlsplit
 
+from filesync.core.record import FrozenRecord
 from filesync.errors import FilesyncError, TransportError, UsageError
 from filesync.transport.base import Conduit
 from filesync.transport.spawn import Spawn
@@ -28,6 +29,9 @@ from filesync.tree.paths import expand_user
 
 if TYPE_CHECKING:
     from filesync.transport.ssh.openssh_login import Pending
+
+#: the context of a connection made by default: the process's (one, as the dataclass had)
+_NO_SPAWN = Spawn()
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,7 @@ def via_error(target: Target, exc: FilesyncError) -> FilesyncError:
     return named
 
 
-@dataclass(frozen=True)
-class ConnectOptions:
+class ConnectOptions(FrozenRecord):
     """How a conduit is opened; equal options reach a remote the same way (a pool key).
 
     Paths are used as given: the caller makes them absolute if the working directory may
@@ -109,19 +112,33 @@ class ConnectOptions:
     the ``ssh``, ``sh`` or ``--via`` command spawned, which also get its working
     directory and umask. ``log`` and ``spawn`` are not part of equality: a pool that
     serves several contexts keys by what matters in them (the agent does).
+
+    A ``FrozenRecord``, not a dataclass: every CLI run imports this module, and creating
+    a dataclass costs ~1 ms of CPU (``filesync.core.record``).
     """
 
-    ssh_config: Path | None = None
-    identity: Path | None = None
-    accept_new_host_key: bool = False
-    connect_timeout: float = CONNECT_TIMEOUT
-    log: Callable[[str], None] | None = field(default=None, compare=False)
-    ssh_client: str | None = None  # "openssh" or "asyncssh"; None: see choose_client
-    #: more ``ssh`` options (the system ssh only), such as ("-o", "ControlPath=PATH")
-    ssh_options: tuple[str, ...] = ()
-    spawn: Spawn = field(default=Spawn(), compare=False)
+    __slots__ = ("accept_new_host_key", "connect_timeout", "identity", "log", "spawn",
+                 "ssh_client", "ssh_config", "ssh_options")
+    _fields = ("ssh_config", "identity", "accept_new_host_key", "connect_timeout", "log",
+               "ssh_client", "ssh_options", "spawn")
+    _uncompared = frozenset({"log", "spawn"})
 
-    def __post_init__(self) -> None:
+    def __init__(self, ssh_config: Path | None = None, identity: Path | None = None,
+                 accept_new_host_key: bool = False, connect_timeout: float = CONNECT_TIMEOUT,
+                 log: Callable[[str], None] | None = None, ssh_client: str | None = None,
+                 ssh_options: tuple[str, ...] = (), spawn: Spawn = _NO_SPAWN) -> None:
+        self.ssh_config: Final = ssh_config
+        self.identity: Final = identity
+        self.accept_new_host_key: Final = accept_new_host_key
+        self.connect_timeout: Final = connect_timeout
+        self.log: Final = log
+        self.ssh_client: Final = ssh_client  # "openssh" or "asyncssh"; None: see choose_client
+        #: more ``ssh`` options (the system ssh only), such as ("-o", "ControlPath=PATH")
+        self.ssh_options: Final = ssh_options
+        self.spawn: Final = spawn
+        self._check()
+
+    def _check(self) -> None:
         if not self.connect_timeout > 0:
             raise ValueError(f"connect_timeout must be positive, not {self.connect_timeout!r}")
 

@@ -164,7 +164,7 @@ def test_an_idle_tree_carries_no_set_of_its_paths(pair: WatchedPair) -> None:
     assert pair.run().plan == []
     memo = pair.warm.memo(str(pair.local), str(pair.remote))
     assert memo is not None and isinstance(memo.carried, Carried)
-    per_path = {name: len(value) for name in Carried.__slots__ if name != "lineages"
+    per_path = {name: len(value) for name in Carried._fields if name != "lineages"
                 and isinstance(value := getattr(memo.carried, name), Sized)}
     assert per_path == {"misses": 0, "rest": 0, "loud": 0}
 

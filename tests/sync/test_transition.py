@@ -12,7 +12,6 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -79,7 +78,7 @@ def run(tmp: Path, direction: Direction, step: Step, *, first: Direction | None 
 def test_inputs_are_frozen(tmp_path: Path) -> None:
     async def step(inputs: PassInputs, scans: Scans, planned: Planned) -> Transitioned:
         for obj, name in ((inputs, "run_id"), (scans, "ancestors"), (planned, "actions")):
-            with pytest.raises(FrozenInstanceError):
+            with pytest.raises(AttributeError):  # FrozenInstanceError is one too
                 setattr(obj, name, None)
         return Transitioned()
 
