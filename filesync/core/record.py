@@ -6,7 +6,7 @@ Python 3.11, paid at import by every run, and a cold CLI run imports dozens.
 
 A subclass lists its fields in ``__slots__`` and ``_fields`` (definition order: the
 order of the repr and of the comparison) and writes its own ``__init__``. Guarantees, as
-a dataclass's (tests/test_records.py):
+a dataclass's (tests/test_cold_records.py):
 
 - equality only between instances of the same class, over the fields not named in
   ``_uncompared`` (a dataclass's ``compare=False``), in field order;
