@@ -10,16 +10,23 @@ with every tree -- the host tree, the remote tree, filesync's state and unison's
 on a real file system (``--disk-dir``, default ``/var/tmp/filesync-bench-disk``) instead of
 the bench's tmpfs, at the main tree's size and at ``scale_sizes[1]`` small files.  The
 remote sees the same path: the sshd containers share the host's file systems except
-``/tmp``, ``/run`` and ``/root``.
+``/tmp``, ``/run`` and ``/root``.  Each run works in a directory of its own under
+``--disk-dir``, so two runs at once do not share trees.
+
+The initial pushes also run ``rsync --fsync`` (where the rsync has it), which flushes each
+file it writes: the nearest a C tool comes to filesync's durability (filesync also flushes
+each directory it renamed into), and so the floor of the disk targets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shlex
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,14 @@ if TYPE_CHECKING:
 
 UNISON = "unison"
 FS_SYNC = "filesync sync"
+RSYNC_FSYNC = "rsync --fsync"
+
+
+@functools.cache
+def rsync_fsyncs() -> bool:
+    """Whether this rsync has ``--fsync`` (3.2.4 and later); the remote runs the same one."""
+    out = subprocess.run(["rsync", "--help"], capture_output=True, text=True, check=False)
+    return "--fsync" in out.stdout
 
 
 def unison_available() -> bool:
@@ -155,6 +170,7 @@ def one_way(b: Bench, key: str, label: str, src: Path, root: Path, *,
     fs = Pair(b, "filesync", root / "host-fs", str(root / "remote-fs"), root / "remote-fs",
               root / "state")
     rs_host, rs_remote = root / "host-rs", root / "remote-rs"
+    rsf_remote = root / "remote-rsf"
     root.mkdir(parents=True, exist_ok=True)
     for d in (fs.host, rs_host):
         shutil.rmtree(d, ignore_errors=True)
@@ -166,17 +182,27 @@ def one_way(b: Bench, key: str, label: str, src: Path, root: Path, *,
     def rsync_push(_r: int) -> Sample:
         return b.run(b.rsync_argv(f"{rs_host}/", f"{b.box.alias}:{rs_remote}/"))
 
+    def rsync_fsync_push(_r: int) -> Sample:
+        argv = b.rsync_argv(f"{rs_host}/", f"{b.box.alias}:{rsf_remote}/")
+        return b.run([argv[0], "--fsync", *argv[1:]])
+
     def before(_r: int, tool: str) -> None:
         if tool == "filesync":
             fs.fresh()
         else:
-            shutil.rmtree(rs_remote, ignore_errors=True)
+            shutil.rmtree(rsf_remote if tool == RSYNC_FSYNC else rs_remote, ignore_errors=True)
 
-    runs = b.ab(f"{key} init", reps["initial"], {
-        "filesync": lambda r: run_fs("push"), "rsync": rsync_push}, before=before)
+    initial: dict[str, Callable[[int], Sample]] = {
+        "filesync": lambda r: run_fs("push"), "rsync": rsync_push}
+    if rsync_fsyncs():
+        initial[RSYNC_FSYNC] = rsync_fsync_push
+    runs = b.ab(f"{key} init", reps["initial"], initial, before=before)
     b.record(f"{key}_initial", f"Initial push, {label}", runs, base="rsync")
     b.verify(f"{key} initial push: remote == local (filesync)", fs.host, fs.remote_host)
     b.verify(f"{key} initial push: remote == local (rsync)", rs_host, rs_remote)
+    if RSYNC_FSYNC in initial:
+        b.verify(f"{key} initial push: remote == local ({RSYNC_FSYNC})", rs_host, rsf_remote)
+        shutil.rmtree(rsf_remote, ignore_errors=True)
     runs = b.ab(f"{key} no-op", reps["noop"], {
         "filesync": lambda r: run_fs("push"), "rsync": rsync_push})
     b.record(f"{key}_noop", f"No-op push, {label}", runs, base="rsync")
@@ -198,9 +224,9 @@ def one_way(b: Bench, key: str, label: str, src: Path, root: Path, *,
 
 def step_disk(b: Bench, disk: Path) -> None:
     """The rsync and unison comparisons with every tree on ``disk`` (a real file system)."""
-    root = disk / "bench"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    made = not disk.exists()
+    disk.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="bench-", dir=disk))
     try:
         main = root / "src-main"
         subprocess.run(["cp", "-a", str(b.main), str(main)], check=True)
@@ -227,5 +253,6 @@ def step_disk(b: Bench, disk: Path) -> None:
     finally:
         # never kept (not even with --keep): it is outside the work dir, on a real disk
         shutil.rmtree(root, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            disk.rmdir()  # only if the bench made it and nothing else is in it
+        if made:
+            with contextlib.suppress(OSError):
+                disk.rmdir()  # only if nothing else is in it (another run's dir, say)

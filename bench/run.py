@@ -1288,6 +1288,18 @@ def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
     if tar is not None and rsync:
         info("floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
              "vs rsync", tar / rsync, f"{tar / rsync:.2f}x")
+    starts = med("noop", STARTS)
+    for step, what in (("unison_noop", "no-op sync"), ("unison_edit", "sync after 10 + 10 edits")):
+        unison = med(step, peers.UNISON)
+        if starts is not None and unison:
+            info(f"floor of the {what} vs unison, 3k files: `{STARTS}` alone vs unison",
+                 starts / unison, f"{starts / unison:.2f}x")
+    for step in [k for k in steps if k.startswith("disk_") and k.endswith("_initial")]:
+        fsynced, rs = med(step, peers.RSYNC_FSYNC), med(step, "rsync")
+        if fsynced is not None and rs:
+            size = step[len("disk_"):-len("_initial")]
+            info(f"floor of the disk initial push, {size} files: `{peers.RSYNC_FSYNC}` "
+                 "(each file flushed, C) vs rsync", fsynced / rs, f"{fsynced / rs:.2f}x")
     fl, rs = med(big_init, FLOOR), med(big_init, "rsync")
     if fl is not None and rs:
         info(f"floor of the {big_init[len('scale_'):-len('_initial')]}-file initial push: "

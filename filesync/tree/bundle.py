@@ -165,17 +165,31 @@ main()
 @cache
 def sources() -> dict[str, str]:
     """Module name -> source of every module of ``filesync.tree`` (the package included)."""
-    # Imported here, not with this module: it brings tempfile, shutil and random, and the
-    # client imports this module before it starts ssh's login, but reads the sources after.
-    from importlib import resources
+    import os
+
+    import filesync.tree as package
 
     out: dict[str, str] = {}
-    for item in sorted(resources.files("filesync.tree").iterdir(), key=lambda i: i.name):
-        if item.name.endswith(".py"):
-            stem = item.name[:-3]
-            name = "filesync.tree" if stem == "__init__" else f"filesync.tree.{stem}"
-            out[name] = item.read_text(encoding="utf-8")
+    folders = [f for f in package.__path__ if os.path.isdir(f)]
+    for folder in folders:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    out[_module_name(name)] = f.read()
+    if not folders:
+        # Not on a file system (a zip import): the resource machinery reads it. Only
+        # then: its import costs the client more than reading the files does.
+        from importlib import resources
+
+        for item in sorted(resources.files("filesync.tree").iterdir(), key=lambda i: i.name):
+            if item.name.endswith(".py"):
+                out[_module_name(item.name)] = item.read_text(encoding="utf-8")
     return out
+
+
+def _module_name(file_name: str) -> str:
+    stem = file_name[:-3]
+    return "filesync.tree" if stem == "__init__" else f"filesync.tree.{stem}"
 
 
 @cache

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
+import peers  # noqa: E402
 import sshd  # noqa: E402
 import trees  # noqa: E402
 
@@ -64,6 +65,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         capture_output=True, text=True, timeout=870, env=env, check=False,
     )
     assert out.exists(), f"no result JSON\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # the disk step worked in a dir of its own under --disk-dir, and removed both
+    assert not disk.exists()
     result = json.loads(out.read_text())
     assert proc.returncode == 0, (
         f"bench exited {proc.returncode}; errors {result.get('errors')}; failed checks "
@@ -108,8 +111,11 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
                 "disk_unison_noop", "disk_unison_edit"):
         assert set(result["steps"][key]["runs"]) == {"filesync sync", "unison"}, key
         assert set(result["steps"][key]["ratios"]) == {"filesync sync/unison"}, key
-    for key in ("disk_3k_initial", "disk_3k_noop", "disk_3k_pull", "disk_2k_initial",
-                "disk_2k_noop"):
+    # the initial pushes on disk also run rsync --fsync, the floor of durable writes in C
+    fsyncs = {"rsync --fsync"} if peers.rsync_fsyncs() else set()
+    for key in ("disk_3k_initial", "disk_2k_initial"):
+        assert set(result["steps"][key]["runs"]) == {"filesync", "rsync", *fsyncs}, key
+    for key in ("disk_3k_noop", "disk_3k_pull", "disk_2k_noop"):
         assert set(result["steps"][key]["runs"]) == {"filesync", "rsync"}, key
 
 
@@ -143,7 +149,14 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
             "floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
             "vs rsync",
             "floor of the 2-host fan-out CPU ratio: one host's run plus each other host's "
-            "`ssh cat` CPU"} <= set(floors)
+            "`ssh cat` CPU",
+            "floor of the no-op sync vs unison, 3k files: `CPython, ssh, CPython` alone vs "
+            "unison",
+            "floor of the sync after 10 + 10 edits vs unison, 3k files: `CPython, ssh, "
+            "CPython` alone vs unison"} <= set(floors)
+    if peers.rsync_fsyncs():
+        assert {f"floor of the disk initial push, {size} files: `rsync --fsync` (each file "
+                "flushed, C) vs rsync" for size in ("3k", "2k")} <= set(floors)
     assert all(t["met"] is None and t["value"] > 0 for t in floors.values())
 
 

@@ -15,13 +15,17 @@ import os
 import struct
 import subprocess
 import sys
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 from filesync.core.exclude import DEFAULT_EXCLUDED_DIRS, ExcludeRule
-from filesync.tree.bundle import bootstrap_command, payload
+from filesync.tree.bundle import bootstrap_command, payload, sources
+from filesync.tree.bundle import digest as bundle_digest
 from filesync.tree.wire import PROTOCOL
+
+REPO = Path(__file__).resolve().parents[2]
 
 #: What the helper's start-up and a listing under the default rule never import: each was
 #: on that path once (``typing`` for annotations, ``hashlib`` loading OpenSSL, ``json``
@@ -95,12 +99,33 @@ def test_patterns_load_re_when_the_listing_needs_it(tmp_path: Path) -> None:
     assert sorted((set(SPARED) - {"re"}) & imported) == []
 
 
-def test_the_client_imports_the_bundle_without_importlib_resources() -> None:
-    # The client imports the bundle before it starts ssh's login and reads the sources
-    # only when it builds the payload: the resource machinery waits until then.
+def test_the_client_reads_the_bundle_without_importlib_resources() -> None:
+    # The sources are files of the installed package: reading them needs no resource
+    # machinery (its import costs the client more than the reads do).
     loaded = "print('importlib.resources' in sys.modules)\n"
     said = subprocess.run(
-        [sys.executable, "-c", "import sys, filesync.endpoint.helper, filesync.tree.bundle\n"
+        [sys.executable, "-I", "-S", "-c",
+         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+         "import filesync.endpoint.helper, filesync.tree.bundle\n"
          + loaded + "filesync.tree.bundle.sources()\n" + loaded],
         capture_output=True, text=True, timeout=60, check=False)
-    assert said.stdout.split() == ["False", "True"], said.stderr
+    assert said.stdout.split() == ["False", "False"], said.stderr
+
+
+def test_a_zip_imported_package_gives_the_same_sources(tmp_path: Path) -> None:
+    # Where the package is not on a file system, the resource machinery reads it, and
+    # the remote gets the same bundle.
+    archive = tmp_path / "filesync.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted((REPO / "filesync").rglob("*.py")):
+            zf.write(path, path.relative_to(REPO).as_posix())
+    said = subprocess.run(
+        [sys.executable, "-I", "-S", "-c",
+         f"import sys, json; sys.path.insert(0, {str(archive)!r})\n"
+         "import filesync.tree.bundle as b\n"
+         "assert b.__file__.startswith(sys.path[0]), b.__file__\n"
+         "print(json.dumps([b.sources(), b.digest(), 'importlib.resources' in sys.modules]))"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert said.returncode == 0, said.stderr
+    zipped, digest, via_resources = json.loads(said.stdout)
+    assert zipped == sources() and digest == bundle_digest() and via_resources
