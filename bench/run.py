@@ -1402,7 +1402,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-tmpfs", action="store_true", help="do not mount a tmpfs on it")
     ap.add_argument("--disk-dir", type=Path, default=DISK_DIR,
                     help="a dir on a real file system (not a tmpfs, not under /tmp, which "
-                    f"the sshd containers hide) for the disk step (default {DISK_DIR})")
+                    f"the sshd containers hide) for the disk step, which works in a new "
+                    f"dir of its own under it (default {DISK_DIR})")
     ap.add_argument("--keep", action="store_true", help="leave the work dir (needs --no-tmpfs)")
     ap.add_argument("--wait-idle", type=float, metavar="SECONDS",
                     help="before each step wait up to this long for other processes to leave "
