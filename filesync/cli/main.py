@@ -363,13 +363,14 @@ def _begin_logins(args: argparse.Namespace) -> dict[Target, Pending]:
         remotes = {ssh: text for text in texts if (ssh := ssh_remote(text)) is not None}
     except FilesyncError:
         return {}  # reported by the command itself, in its usual place
-    begun = {text: openssh.begin(
-        host, user, port, ssh_config=absolute(args.ssh_config),
-        identity=absolute(args.identity), accept_new_host_key=args.accept_new_host_key)
-        for (host, user, port, _path), text in remotes.items()}
+    begun = openssh.begin_all(
+        [(host, user, port) for host, user, port, _path in remotes],
+        ssh_config=absolute(args.ssh_config), identity=absolute(args.identity),
+        accept_new_host_key=args.accept_new_host_key)
     from filesync.transport.target import parse_remote
 
-    return {parse_remote(text): login for text, login in begun.items()}
+    return {parse_remote(text): login for text, login in zip(remotes.values(), begun,
+                                                              strict=True)}
 
 
 def _dispatch(args: argparse.Namespace, logins: dict[Target, Pending] | None = None) -> int:

@@ -27,12 +27,12 @@ from pathlib import Path
 from filesync.errors import TransportError, UsageError
 from filesync.transport.ssh.destination import CONNECT_TIMEOUT
 from filesync.transport.ssh.master import ControlMaster
-from filesync.transport.ssh.resolved import resolve_now
+from filesync.transport.ssh.resolved import Lookup
 
 #: ``typing.TYPE_CHECKING`` without importing ``typing`` (mypy and ruff treat the name alike).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Final
 
     from filesync.transport.ssh.resolved import OpenSshSettings
@@ -135,22 +135,52 @@ def begin(
 ) -> Pending:
     """Start logging in to ``host`` now, without an event loop, and return at once.
 
-    The CLI calls this right after parsing, so that ssh's handshake runs while the rest
-    of filesync is imported and the host is walked; it passes the handle down to the
-    ``connect`` of that host, which takes the login over if its arguments are the same
-    (and raises what went wrong, as it would have). Never raises.
+    The CLI calls this (through ``begin_all``) right after parsing, so that ssh's
+    handshake runs while the rest of filesync is imported and the host is walked; it
+    passes the handle down to the ``connect`` of that host, which takes the login over if
+    its arguments are the same (and raises what went wrong, as it would have). Never
+    raises.
     """
-    key: LoginKey = (host, user, port, ssh_config, identity, accept_new_host_key,
-                     connect_timeout)
-    pending = Pending(key)
-    try:
-        pending.ssh = which_ssh()
-        pending.base = base_args(ssh_config, identity, user, port)
-        pending.res = resolve_now(pending.ssh, pending.base, host)
-        if pending.res.get("controlpath", "none") == "none":
-            pending.master = ControlMaster.start(
-                pending.ssh, pending.base, pending.res, accept_new=accept_new_host_key,
-                connect_timeout=connect_timeout)
-    except TransportError as exc:
-        pending.error = exc
-    return pending
+    return begin_all([(host, user, port)], ssh_config=ssh_config, identity=identity,
+                     accept_new_host_key=accept_new_host_key,
+                     connect_timeout=connect_timeout)[0]
+
+
+def begin_all(
+    destinations: Sequence[tuple[str, str | None, int | None]],
+    *,
+    ssh_config: Path | None = None,
+    identity: Path | None = None,
+    accept_new_host_key: bool = False,
+    connect_timeout: float = CONNECT_TIMEOUT,
+) -> list[Pending]:
+    """``begin`` for each ``(host, user, port)``, in order: their ``ssh -G`` lookups run
+    side by side, and each login is spawned as soon as its own lookup has answered (a
+    fan-out's last login does not wait for every other host's config lookup). Never
+    raises."""
+    pendings: list[Pending] = []
+    lookups: list[Lookup | None] = []
+    for host, user, port in destinations:
+        pending = Pending((host, user, port, ssh_config, identity, accept_new_host_key,
+                           connect_timeout))
+        pendings.append(pending)
+        try:
+            pending.ssh = which_ssh()
+            pending.base = base_args(ssh_config, identity, user, port)
+            lookups.append(Lookup(pending.ssh, pending.base, host))
+        except TransportError as exc:
+            pending.error = exc
+            lookups.append(None)
+    for pending, lookup in zip(pendings, lookups, strict=True):
+        if lookup is None:
+            continue
+        try:
+            pending.res = lookup.result()
+            if pending.res.get("controlpath", "none") == "none":
+                assert pending.base is not None
+                pending.master = ControlMaster.start(
+                    pending.ssh, pending.base, pending.res, accept_new=accept_new_host_key,
+                    connect_timeout=connect_timeout)
+        except TransportError as exc:
+            pending.error = exc
+    return pendings

@@ -13,6 +13,7 @@ import os
 import pwd
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from filesync.errors import TransportError
@@ -71,15 +72,31 @@ class OpenSshSettings:
         return out
 
 
-def resolve_now(ssh: str, base: list[str], alias: str) -> OpenSshSettings:
-    """``resolve`` without an event loop, for ``begin``."""
-    try:
-        done = subprocess.run([ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=60, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise resolve_timeout(alias) from None
-    return parse_resolved(alias, done.returncode, done.stdout.decode(errors="replace"),
-                     done.stderr.decode(errors="replace"))
+class Lookup:
+    """One ``ssh -G`` under way, without an event loop: started when made, read by
+    ``result``. Several run side by side (a fan-out's logins, ``openssh_login.begin_all``);
+    each is given 60 s from its start."""
+
+    __slots__ = ("alias", "deadline", "proc")
+
+    def __init__(self, ssh: str, base: list[str], alias: str) -> None:
+        self.alias: Final = alias
+        self.deadline: Final = time.monotonic() + 60
+        self.proc: Final = subprocess.Popen(
+            [ssh, *base, "-T", "-G", "--", alias], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    def result(self) -> OpenSshSettings:
+        """The settings, or the ``TransportError`` of a config ssh refuses or a lookup
+        that did not end in time (then it is killed)."""
+        try:
+            out, err = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise resolve_timeout(self.alias) from None
+        return parse_resolved(self.alias, self.proc.returncode, out.decode(errors="replace"),
+                              err.decode(errors="replace"))
 
 
 def resolve_timeout(alias: str) -> TransportError:
