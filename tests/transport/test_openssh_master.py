@@ -1,9 +1,10 @@
 """The OpenSSH ControlMaster's lifetime, riding the caller's master, and the deadline on a
 remote that never says hello; against real sshd containers (needs root).
 
-- a master filesync started ends with ``ssh -O exit`` on its socket: never a signal to a
-  pid (a guard like the agent framework's test guard refuses signals outside this
-  process's own tree);
+- a master filesync started ends through its socket: a terminate request in the socket's
+  own protocol, or ``ssh -O exit`` where that is not answered; never a signal to a pid (a
+  guard like the agent framework's test guard refuses signals outside this process's own
+  tree);
 - it never outlives the process that started it, SIGKILL included: the remote is left
   with no sshd session and no process of it (the old design kept both for ControlPersist,
   60 s);
@@ -114,9 +115,14 @@ def env_for(tmp_path: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- the master's end
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["terminate request", "ssh -O exit"])
 def test_close_ends_the_master_through_its_socket_never_by_a_signal(
-    box: SshdContainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    box: SshdContainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
+    if not native:  # a master that does not answer the request: ``ssh -O exit`` ends it
+        from filesync.transport.ssh import master as master_module
+
+        monkeypatch.setattr(master_module, "terminate", lambda *a, **kw: False)
     # Every ssh the session spawns is logged by a wrapper first on PATH.
     calls = tmp_path / "calls"
     wrapper = tmp_path / "bin" / "ssh"
@@ -167,7 +173,10 @@ def test_close_ends_the_master_through_its_socket_never_by_a_signal(
     pid = asyncio.run(go())
     assert (box.home / "tree" / "a.txt").read_text() == "a\n"
     exits = [line for line in calls.read_text().splitlines() if " -O " in f" {line} "]
-    assert len(exits) == 1 and " -O exit " in f" {exits[0]} ", exits
+    if native:
+        assert exits == []  # no ssh process to end it
+    else:
+        assert len(exits) == 1 and " -O exit " in f" {exits[0]} ", exits
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or Path(
         f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX",
         "the master is gone")

@@ -12,9 +12,9 @@ Guarantees:
   (``-T -e none -x``: no pty, no escape character, a binary-clean stream). If the user's
   config, or the caller's ``ssh_options``, point at a running master (``ControlPath`` +
   ``ssh -O check``), the conduit rides that one and leaves it running. ``close()`` ends
-  filesync's own master through its control socket (``ssh -O exit``); should the process
-  die instead, SIGKILL included, the master goes with it (``master.ControlMaster``). The
-  login may have been started earlier by ``begin`` (``openssh_login``), which
+  filesync's own master through its control socket (``master.terminate``); should the
+  process die instead, SIGKILL included, the master goes with it (``master.ControlMaster``).
+  The login may have been started earlier by ``begin`` (``openssh_login``), which
   ``connect`` takes over.
 - Host keys: an unknown key is refused (``StrictHostKeyChecking ask`` becomes ``yes``,
   so ssh never asks mid-run), ``--accept-new-host-key`` is ``accept-new``, a changed key
