@@ -12,6 +12,12 @@ what stays is always the most recent history. Two kinds are never dropped:
 Defaults (what an rsync ``--backup-dir`` or unison ``backups`` user expects to find: a
 recent history, not an ever-growing one): the last 20 runs, at most 1 GiB, for each of
 the two directories.
+
+A run's size is measured once: a run directory is complete when its pass ends (the pass
+prunes only then) and nothing writes to it later, so each directory keeps the sizes it
+measured in ``.sizes`` (JSON, run name -> bytes) and a later pass walks only runs new
+to it. A missing or unreadable ``.sizes`` is measured afresh; it is a cache, never the
+record of what is kept.
 """
 
 from __future__ import annotations
@@ -46,19 +52,24 @@ def prune_runs(
     except FileNotFoundError:
         return []
     keep = set(protected)
+    known = _known_sizes(directory)
+    sizes: dict[str, int] = {}
     kept = total = 0
     over = False
     dropped: list[Pruned] = []
     for i, name in enumerate(runs):
-        size = _size(directory / name)
+        size = known[name] if name in known else _size(directory / name)
         if i and not over and (kept >= keep_runs or total + size > keep_bytes):
             over = True  # from here on, older runs go: the history kept stays contiguous
         if i == 0 or name in keep or not over:
             kept += 1
             total += size
+            sizes[name] = size
             continue
         shutil.rmtree(directory / name, ignore_errors=True)
         dropped.append(Pruned(directory / name, size))
+    if sizes != known:
+        _keep_sizes(directory, sizes)
     dropped.reverse()
     return dropped
 
@@ -73,6 +84,39 @@ def run_of(path: str | None, directory: Path) -> str | None:
         except (ValueError, IndexError):
             continue
     return None
+
+
+#: The file of a directory's measured run sizes (not a run: runs are directories).
+SIZES = ".sizes"
+
+
+def _known_sizes(directory: Path) -> dict[str, int]:
+    import json
+
+    try:
+        found = json.loads((directory / SIZES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items()
+            if isinstance(k, str) and type(v) is int and v >= 0}
+
+
+def _keep_sizes(directory: Path, sizes: dict[str, int]) -> None:
+    """Replace ``.sizes`` whole (a reader sees the old file or the new one); a failure
+    only means the next pass measures again."""
+    import json
+
+    temp = directory / f"{SIZES}.{os.getpid()}.tmp"
+    try:
+        temp.write_text(json.dumps(sizes, sort_keys=True), encoding="utf-8")
+        os.replace(temp, directory / SIZES)
+    except OSError:
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a directory gone read-only: the next pass measures again
 
 
 def _size(path: Path) -> int:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from synctree import write
 
-from filesync.host.retention import KEEP_BYTES, KEEP_RUNS, prune_runs, run_of
+from filesync.host import retention
+from filesync.host.retention import KEEP_BYTES, KEEP_RUNS, SIZES, prune_runs, run_of
 
 
 def runs(directory: Path, sizes: list[int]) -> list[str]:
@@ -17,7 +20,7 @@ def runs(directory: Path, sizes: list[int]) -> list[str]:
 
 
 def left(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
+    return sorted(p.name for p in directory.iterdir() if p.name != SIZES)
 
 
 def test_defaults_are_twenty_runs_and_one_gib() -> None:
@@ -65,3 +68,58 @@ def test_run_of_names_the_run_dir_of_a_saved_copy(tmp_path: Path) -> None:
     assert run_of(str(tmp_path / "run-1" / "a" / "b.txt"), tmp_path) == "run-1"
     assert run_of(str(tmp_path.parent / "elsewhere"), tmp_path) is None
     assert run_of(None, tmp_path) is None
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    walked: list[str] = []
+    real = retention._size
+
+    def size(path: Path) -> int:
+        walked.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(retention, "_size", size)
+    return walked
+
+
+def test_a_run_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    walked = _counting(monkeypatch)
+    names = runs(tmp_path, [10, 20, 30])
+    prune_runs(tmp_path, keep_runs=20, keep_bytes=1 << 20)
+    assert sorted(walked) == names
+    walked.clear()
+    newer = f"{2000:020d}-1"
+    write(tmp_path / newer / "files" / "f.bin", b"x" * 40)
+    prune_runs(tmp_path, keep_runs=20, keep_bytes=1 << 20)
+    assert walked == [newer]  # the older runs' sizes came from .sizes
+    assert json.loads((tmp_path / SIZES).read_text()) == {
+        names[0]: 10, names[1]: 20, names[2]: 30, newer: 40}
+
+
+def test_the_kept_sizes_decide_as_a_fresh_measurement_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = runs(tmp_path, [10, 10, 100, 10])
+    assert prune_runs(tmp_path, keep_runs=20, keep_bytes=1 << 20) == []
+    walked = _counting(monkeypatch)
+    newer = f"{2000:020d}-1"
+    write(tmp_path / newer / "files" / "f.bin", b"x" * 10)
+    dropped = prune_runs(tmp_path, keep_runs=20, keep_bytes=50)
+    assert walked == [newer]
+    assert [(p.path.name, p.bytes) for p in dropped] == [
+        (names[0], 10), (names[1], 10), (names[2], 100)]
+    assert left(tmp_path) == [names[3], newer]
+    # what was dropped leaves the sizes too
+    assert json.loads((tmp_path / SIZES).read_text()) == {names[3]: 10, newer: 10}
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"x": "big"}', ""])
+def test_an_unreadable_sizes_file_is_measured_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    names = runs(tmp_path, [10, 20])
+    (tmp_path / SIZES).write_text(content)
+    walked = _counting(monkeypatch)
+    prune_runs(tmp_path, keep_runs=20, keep_bytes=1 << 20)
+    assert sorted(walked) == names
+    assert json.loads((tmp_path / SIZES).read_text()) == {names[0]: 10, names[1]: 20}

@@ -64,7 +64,7 @@ def test_old_conflict_runs_go_but_an_open_conflict_stays(tmp_path: Path) -> None
                      or "")
     assert open_copy.read_text() == "remote\n"  # run 1, far older than the bound
     conflicts = pair_dir(tmp_path) / "conflicts"
-    kept = sorted(p.name for p in conflicts.iterdir())
+    kept = sorted(p.name for p in conflicts.iterdir() if p.is_dir())  # runs, not .sizes
     assert len(kept) == 2 and open_copy.relative_to(conflicts.resolve()).parts[0] in kept
     dropped = [p.path for r in reports for p in r.pruned if p.path.parent == conflicts]
     assert len(dropped) == 2 and not any(p.exists() for p in dropped)
@@ -77,7 +77,7 @@ def test_undo_keeps_the_last_runs_and_still_undoes_the_last_pull(tmp_path: Path)
     steps += [(Direction.PULL, {}, {"a.txt": f"v{i}\n"}) for i in range(1, 5)]
     reports, _ = passes(tmp_path, steps, keep_runs=2)
     undo = pair_dir(tmp_path) / "undo"
-    assert len(list(undo.iterdir())) == 2
+    assert len([p for p in undo.iterdir() if p.is_dir()]) == 2  # runs, not .sizes
     assert sum(len(r.pruned) for r in reports) == 2
     meta = json.loads((pair_dir(tmp_path) / "pair.json").read_text())
     state = PairState.open(tmp_path / "state", meta["local"], meta["remote"], meta["remote_root"])
