@@ -22,6 +22,8 @@ record of what is kept.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterable
@@ -91,8 +93,6 @@ SIZES = ".sizes"
 
 
 def _known_sizes(directory: Path) -> dict[str, int]:
-    import json
-
     try:
         found = json.loads((directory / SIZES).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -106,17 +106,13 @@ def _known_sizes(directory: Path) -> dict[str, int]:
 def _keep_sizes(directory: Path, sizes: dict[str, int]) -> None:
     """Replace ``.sizes`` whole (a reader sees the old file or the new one); a failure
     only means the next pass measures again."""
-    import json
-
     temp = directory / f"{SIZES}.{os.getpid()}.tmp"
     try:
         temp.write_text(json.dumps(sizes, sort_keys=True), encoding="utf-8")
         os.replace(temp, directory / SIZES)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):  # a directory gone read-only, say
             temp.unlink(missing_ok=True)
-        except OSError:
-            pass  # a directory gone read-only: the next pass measures again
 
 
 def _size(path: Path) -> int:

@@ -47,6 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable
+    from typing import Any
 
     from filesync.transport.ssh import openssh_errors
     from filesync.transport.ssh.resolved import OpenSshSettings
@@ -422,20 +423,22 @@ def terminate(socket_path: str, timeout: float = _STOP_TIMEOUT) -> bool:
     process is started (a run's end is ~5 ms sooner). True once the master answered OK;
     False for anything else -- no socket, another protocol version, a refusal, a timeout
     -- and the caller then runs ``ssh -O exit``, which says why."""
-    import socket
-    import struct
-
+    try:
+        import socket
+        import struct
+    except ImportError:  # the interpreter is tearing down: ``ssh -O exit`` works then
+        return False
     with contextlib.suppress(OSError, EOFError, struct.error), \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path)
         sock.sendall(struct.pack(">IIIIII", 8, MUX_MSG_HELLO, MUX_VERSION,
                                  8, MUX_C_TERMINATE, _TERMINATE_ID))
-        hello = _mux_packet(sock)
+        hello = _mux_packet(sock, struct.unpack)
         if struct.unpack(">II", hello[:8]) != (MUX_MSG_HELLO, MUX_VERSION):
             return False
         try:
-            reply = _mux_packet(sock)
+            reply = _mux_packet(sock, struct.unpack)
         except EOFError:
             # The master may end before its answer goes out (OpenSSH's mux.c says so;
             # ``ssh -O exit`` takes the closed socket as done, too).
@@ -444,11 +447,9 @@ def terminate(socket_path: str, timeout: float = _STOP_TIMEOUT) -> bool:
     return False
 
 
-def _mux_packet(sock: socket.socket) -> bytes:
+def _mux_packet(sock: socket.socket, unpack: Callable[[str, bytes], tuple[Any, ...]]) -> bytes:
     """One packet's body (type first); raises ``EOFError`` if the stream ends first."""
-    import struct
-
-    (size,) = struct.unpack(">I", _mux_read(sock, 4))
+    (size,) = unpack(">I", _mux_read(sock, 4))
     if not 8 <= size <= 1 << 16:
         raise OSError("not a control socket reply")
     return _mux_read(sock, size)
