@@ -373,12 +373,12 @@ class ControlMaster:
         if not self.owned or self._proc is None:
             return
         proc = self._proc
-        if proc.poll() is None and os.path.exists(self.socket) and not terminate(self.socket):
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                subprocess.run(self._exit_argv(), stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=_STOP_TIMEOUT,
-                               start_new_session=True, check=False, **self.spawn.kwargs())
-        if proc.poll() is None:
+        if proc.poll() is None and os.path.exists(self.socket):
+            if not terminate(self.socket):
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    subprocess.run(self._exit_argv(), stdin=subprocess.DEVNULL,
+                                   capture_output=True, timeout=_STOP_TIMEOUT,
+                                   start_new_session=True, check=False, **self.spawn.kwargs())
             self._close_input()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(_STOP_TIMEOUT)
