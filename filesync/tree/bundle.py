@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import zlib
 from functools import cache
+
+import filesync.tree as package
 
 #: What a remote without python3 answers instead of the helper's hello.
 NO_PYTHON = b"FILESYNC-NO-PYTHON"
@@ -165,10 +168,6 @@ main()
 @cache
 def sources() -> dict[str, str]:
     """Module name -> source of every module of ``filesync.tree`` (the package included)."""
-    import os
-
-    import filesync.tree as package
-
     out: dict[str, str] = {}
     folders = [f for f in package.__path__ if os.path.isdir(f)]
     for folder in folders:
