@@ -9,8 +9,21 @@ one stat per entry), reads every file whole, and streams ``path, bytes, mtime`` 
 through one ``ssh HOST python3 -I -S -c RECEIVER``; the receiver writes each file to a
 temp name, sets its mtime and renames it into place. No hashing, no fsync, no state, no
 per-file results, no path-safety checks, no exclusions: everything filesync must do more
-is left out. ``bench/run.py`` times both beside filesync and rsync, so the gap to rsync
-that no CPython implementation of the protocol can close shows in the same run.
+is left out.
+
+``python3 -S floor.py pull SSH_CONFIG HOST REMOTE_DIR LOCAL_DIR STATE EXCLUDED...`` is the
+least a stateful CPython pull does: one ``ssh HOST python3 -I -S -c LISTER``, whose
+interpreter walks ``REMOTE_DIR`` (scandir, one stat per file, directories named in
+``EXCLUDED`` pruned) and sends one ``path, size, mtime`` line per file. This side compares
+them with the listing it kept in ``STATE`` (JSON) from its last run, sends back the paths
+that differ, and the lister answers with their bytes on the same session; each is written
+to a temp name, given its mtime and renamed into place, files gone from the listing are
+unlinked, and the new listing replaces ``STATE``. No hashing, no fsync, no host walk (so
+no check that a host file changed before it is overwritten), no journal, no undo copies,
+no path-safety checks: again everything filesync must do more is left out.
+
+``bench/run.py`` times them beside filesync and rsync, so the gap to rsync that no CPython
+implementation of the protocol can close shows in the same run.
 """
 
 from __future__ import annotations
@@ -67,10 +80,91 @@ def send(top: str, prefix: str, out: IO[bytes]) -> None:
             out.write(RECORD.pack(len(rel), len(data), st.st_mtime_ns) + rel + data)
 
 
+LISTER = r"""
+import os, sys
+root = os.path.expanduser(sys.argv[1])
+pruned = set(sys.argv[2:])
+rows = []
+stack = [(root, "")]
+while stack:
+    top, prefix = stack.pop()
+    with os.scandir(top) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name not in pruned:
+                    stack.append((entry.path, prefix + entry.name + "/"))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                rows.append("%s\t%d\t%d\n" % (prefix + entry.name, st.st_size, st.st_mtime_ns))
+out = sys.stdout.buffer
+out.write(("".join(rows) + "\n").encode("utf-8", "surrogateescape"))
+out.flush()
+for line in sys.stdin.buffer:
+    rel = line.rstrip(b"\n")
+    if not rel:
+        break
+    with open(os.path.join(os.fsencode(root), rel), "rb") as f:
+        data = f.read()
+    out.write(b"%d\n" % len(data) + data)
+out.flush()
+"""
+
+
+def pull(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
+         excluded: list[str]) -> int:
+    """The pull floor (module doc): list, compare with ``state``, fetch what differs."""
+    # Imported here: the ``start`` floor loads only what every mode needs.
+    import contextlib
+    import json
+
+    command = " ".join(["python3 -I -S -c", shlex.quote(LISTER), shlex.quote(remote_dir),
+                        *map(shlex.quote, excluded)])
+    proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with open(state) as f:
+            known: dict[str, list[int]] = json.load(f)
+    except FileNotFoundError:
+        known = {}
+    listing: dict[str, list[int]] = {}
+    for line in proc.stdout:
+        if line == b"\n":
+            break
+        rel, size, mtime = os.fsdecode(line.rstrip(b"\n")).split("\t")
+        listing[rel] = [int(size), int(mtime)]
+    wanted = [rel for rel, row in listing.items() if known.get(rel) != row]
+    proc.stdin.write(b"".join(os.fsencode(rel) + b"\n" for rel in wanted) + b"\n")
+    proc.stdin.flush()
+    for rel in wanted:
+        data = proc.stdout.read(int(proc.stdout.readline()))
+        target = os.path.join(local_dir, rel)
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, ".floor." + os.path.basename(target))
+        with open(tmp, "wb") as f:
+            f.write(data)
+        stamp = listing[rel][1]
+        os.utime(tmp, ns=(stamp, stamp))
+        os.replace(tmp, target)
+    for rel in known.keys() - listing.keys():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(local_dir, rel))
+    proc.stdin.close()
+    code = proc.wait()
+    with open(state + ".tmp", "w") as f:
+        json.dump(listing, f)
+    os.replace(state + ".tmp", state)
+    return code
+
+
 def main() -> int:
     mode, cfg, host, *rest = sys.argv[1:]
     if mode == "start":
         return subprocess.call(["ssh", "-F", cfg, host, "python3 -I -S -c pass"])
+    if mode == "pull":
+        remote_dir, local_dir, state, *excluded = rest
+        return pull(cfg, host, remote_dir, local_dir, state, excluded)
     remote_dir, local_dir = rest
     command = f"python3 -I -S -c {shlex.quote(RECEIVER)} {shlex.quote(remote_dir)}"
     proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,

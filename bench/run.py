@@ -726,11 +726,22 @@ class Bench:
         """4. Pull after the remote edited 10 files and grew 24 MiB of excluded junk."""
         self.pull_rs = self.host / "pull-rs"
         self.pull_old = self.host / "pull-old"
-        for d in (self.pull_rs, self.pull_old):
+        pull_floor = self.host / "pull-floor"
+        for d in (self.pull_rs, self.pull_old, pull_floor):
             shutil.rmtree(d, ignore_errors=True)
             subprocess.run(["cp", "-a", f"{self.main}", str(d)], check=True)
-        shutil.rmtree(self.remote("old"), ignore_errors=True)
-        subprocess.run(["cp", "-a", str(self.remote("fs")), str(self.remote("old"))], check=True)
+        for name in ("old", "flr"):
+            shutil.rmtree(self.remote(name), ignore_errors=True)
+            subprocess.run(["cp", "-a", str(self.remote("fs")), str(self.remote(name))],
+                           check=True)
+        # The python floor keeps the listing of its last run as its state: its first run,
+        # untimed, fetches everything.
+        floor_state = self.w / "floor-pull.json"
+        floor_state.unlink(missing_ok=True)
+        floor_argv = [sys.executable, "-S", str(BENCH / "floor.py"), "pull",
+                      str(self.box.ssh_config), self.box.alias, "flr", str(pull_floor),
+                      str(floor_state), *EXCLUDED_DIRS]
+        subprocess.run(floor_argv, env=self.env, check=True, stdout=subprocess.DEVNULL)
         changed: list[int] = []
         state_file: list[Path] = []
         reports: list[dict[str, Any]] = []
@@ -741,7 +752,7 @@ class Bench:
             # and take the pushed hashes of what is there now (as if just pushed)
             shutil.rmtree(self.pull_old / ".curator_backups", ignore_errors=True)
             state_file[:] = [self._write_pushed(self.pull_old, str(Path("/root/old")))]
-            changed.append(self._remote_edit(r, ("fs", "rs", "old", "fsa", "fsx"), 2000))
+            changed.append(self._remote_edit(r, ("fs", "rs", "old", "fsa", "fsx", "flr"), 2000))
 
         def fs(_r: int) -> Sample:
             s = self.run(self.fs_argv("pull", self.main, [f"{self.box.alias}:fs"], self.fs_state))
@@ -773,6 +784,7 @@ class Bench:
             "rsync": lambda r: self.run(self.rsync_argv(f"{self.box.alias}:rs/",
                                                         f"{self.pull_rs}/")),
             "old sync-back": old,
+            FLOOR: lambda r: self.run(floor_argv),
         }
         runs = self.ab("pull", self.cfg.n("pull"), tools, setup, settle=self.cfg.settle)
         cb = median(changed)
@@ -791,6 +803,7 @@ class Bench:
         self.verify("pull: local == remote (filesync --persist)", self.main_agent,
                     self.remote("fsa"))
         self.verify("pull: local == remote (rsync)", self.pull_rs, self.remote("rs"))
+        self.verify("pull: local == remote (python floor)", pull_floor, self.remote("flr"))
         leaked = [p.name for p in (self.main / ".curator_backups").glob("junk-*")]
         self.check("pull: excluded remote junk not brought home (filesync)", not leaked,
                    str(leaked[:5]))
@@ -1284,6 +1297,10 @@ def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
             if fixed is not None and rsync:
                 info(f"floor of the {what}: `{tool}` alone vs rsync", fixed / rsync,
                      f"{fixed / rsync:.2f}x")
+    fl, rs = med("pull", FLOOR), med("pull", "rsync")
+    if fl is not None and rs:
+        info(f"floor of the cold pull of 10 remote edits: `{FLOOR}` (a stateful CPython "
+             "pull, nothing durable, no host walk) vs rsync", fl / rs, f"{fl / rs:.2f}x")
     tar, rsync = med("initial", "tar"), med("initial", "rsync")
     if tar is not None and rsync:
         info("floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "

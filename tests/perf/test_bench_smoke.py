@@ -95,7 +95,7 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
         assert all(v > 0 for v in step["ratios"].values()), key
     assert set(result["steps"]["initial"]["runs"]) == {"filesync", AGENT, ASYNC, "rsync", "tar"}
     assert set(result["steps"]["pull"]["runs"]) == {"filesync", AGENT, ASYNC, "rsync",
-                                                    "old sync-back"}
+                                                    "old sync-back", "python floor"}
     assert {"filesync/old sync-back", f"{AGENT}/old sync-back", f"{AGENT}/rsync"} <= set(
         result["steps"]["pull"]["ratios"])
     fan = result["steps"]["fanout"]["ratios"]
@@ -145,6 +145,8 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
     assert {"floor of the cold initial push: `ssh HOST true` alone vs rsync",
             "floor of the cold no-op push: `ssh HOST true` alone vs rsync",
             "floor of the cold pull of 10 remote edits: `ssh HOST true` alone vs rsync",
+            "floor of the cold pull of 10 remote edits: `python floor` (a stateful CPython "
+            "pull, nothing durable, no host walk) vs rsync",
             "floor of the cold no-op push: `CPython, ssh, CPython` alone vs rsync",
             "floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
             "vs rsync",
