@@ -26,6 +26,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -127,7 +128,13 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
     b.verify(f"{key} first sync: remote == local (filesync sync)", fs.host, fs.remote_host)
     b.verify(f"{key} first sync: remote == local (unison)", un.host, un.remote_host)
     outs.clear()
-    runs = b.ab(f"{key} no-op", reps["noop"], tools, settle=b.cfg.settle)
+    # The floor of the no-op and edited syncs, timed in the same rounds as both tools
+    # (``run.floors``): two interpreter starts around ssh's login.
+    from run import BENCH, STARTS
+
+    timed = {**tools, STARTS: lambda _r: b.run([sys.executable, "-S", str(BENCH / "floor.py"),
+                                                 "start", str(b.box.ssh_config), b.box.alias])}
+    runs = b.ab(f"{key} no-op", reps["noop"], timed, settle=b.cfg.settle)
     b.record(f"{key}_noop", f"No-op sync, {label}", runs, base=UNISON)
     moved = [(o.get("uploaded"), o.get("downloaded")) for o in outs]
     b.check(f"{key} no-op sync moves nothing (filesync sync)",
@@ -141,7 +148,7 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
         trees.edit([fs.host, un.host], rels[:edits], seed=4000 + r)
         trees.edit([fs.remote_host, un.remote_host], rels[edits:], seed=5000 + r)
 
-    runs = b.ab(f"{key} edits", reps["edit"], tools, setup, settle=b.cfg.settle)
+    runs = b.ab(f"{key} edits", reps["edit"], timed, setup, settle=b.cfg.settle)
     b.record(f"{key}_edit", f"Sync after {edits} host and {edits} remote edits, {label}", runs,
              base=UNISON)
     moved = [(o.get("uploaded"), o.get("downloaded")) for o in outs]

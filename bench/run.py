@@ -1305,15 +1305,18 @@ def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
     if tar is not None and rsync:
         info("floor of the cold initial push: `tar | ssh tar -x` (C, no state, no checks) "
              "vs rsync", tar / rsync, f"{tar / rsync:.2f}x")
-    starts = med("noop", STARTS)
+    # The starts are timed in the unison steps' own rounds (``peers.two_way``).
+    starts = med("unison_noop", STARTS)
     un_noop, un_edit = med("unison_noop", peers.UNISON), med("unison_edit", peers.UNISON)
     if starts is not None and un_noop:
         info(f"floor of the no-op sync vs unison, 3k files: `{STARTS}` alone vs unison",
              starts / un_noop, f"{starts / un_noop:.2f}x")
-    if starts is not None and un_noop and un_edit:
+    edit_starts = med("unison_edit", STARTS)
+    if edit_starts is not None and un_noop and un_edit:
         # The edits cost any tool what they cost unison at least: its own edited sync
-        # beyond its no-op, on top of the interpreter starts around ssh's login.
-        edit_floor = (starts + un_edit - un_noop) / un_edit
+        # beyond its no-op (none when its spread makes that negative), on top of the
+        # interpreter starts around ssh's login.
+        edit_floor = (edit_starts + max(0.0, un_edit - un_noop)) / un_edit
         info("floor of the sync after 10 + 10 edits vs unison, 3k files: "
              f"`{STARTS}` plus unison's own cost of the edits (its edited sync beyond its "
              "no-op) vs unison", edit_floor, f"{edit_floor:.2f}x")
