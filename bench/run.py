@@ -62,7 +62,7 @@ ASYNC = "filesync --ssh-client asyncssh"  # the plain CLI over the asyncssh clie
 # Floors, timed beside the tools: what no tool over the same ssh can go below.
 LOGIN = "ssh HOST true"  # ssh's login and one session, with the default key exchange
 STARTS = "CPython, ssh, CPython"  # bench/floor.py start: that, between two interpreter starts
-FLOOR = "python floor"  # bench/floor.py: the least a CPython sender/receiver pair does
+FLOOR = "python floor"  # bench/floor.py push, pull: the least a CPython pair of processes does
 SSH_CAT = "ssh cat"  # the fan-out's bytes through one plain ssh per host
 GNU_TIME = "/usr/bin/time"  # Debian package "time"; without it peak RSS is not reported
 
