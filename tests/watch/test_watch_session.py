@@ -121,10 +121,13 @@ def test_a_cut_connection_is_retried_and_edits_made_meanwhile_arrive(
     seen: list[str] = []
     with _session(box, tmp_path, log=seen.append, connect_timeout=5) as s:
         w = s.watch(Mapping(local, name))
+        # Connected first: a cut while ssh still logs in would kill nothing, and the login
+        # would then only fail once the link is down, never a connection said lost.
+        until(holds(remote / "a.md", "a"), "the first pass pushed a.md")
         # The cut first, while the link is up, so the client sees its connection drop
         # (with the link already down the FIN is lost and only the 60 s idle deadline
         # would tell); then the link stays down so that reconnecting fails until it is up.
-        box.kill_sessions()
+        assert box.kill_sessions() >= 1
         box.link_down()
         try:
             until(lambda: any("connection was lost" in m for m in seen), "the loss is said")
