@@ -26,7 +26,6 @@ import json
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -130,10 +129,9 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
     outs.clear()
     # The floor of the no-op and edited syncs, timed in the same rounds as both tools
     # (``run.floors``): two interpreter starts around ssh's login.
-    from run import BENCH, STARTS
+    from run import STARTS
 
-    timed = {**tools, STARTS: lambda _r: b.run([sys.executable, "-S", str(BENCH / "floor.py"),
-                                                 "start", str(b.box.ssh_config), b.box.alias])}
+    timed = {**tools, STARTS: lambda _r: b.run(b.floor_argv("start"))}
     runs = b.ab(f"{key} no-op", reps["noop"], timed, settle=b.cfg.settle)
     b.record(f"{key}_noop", f"No-op sync, {label}", runs, base=UNISON)
     moved = [(o.get("uploaded"), o.get("downloaded")) for o in outs]

@@ -399,6 +399,11 @@ class Bench:
         return [*self.fs_argv(cmd, local, [f"{self.box.alias}:{remote_dir}"], state),
                 "--ssh-client", "asyncssh"]
 
+    def floor_argv(self, mode: str, *args: str) -> list[str]:
+        """``bench/floor.py MODE`` against the primary container (see its module doc)."""
+        return [sys.executable, "-S", str(BENCH / "floor.py"), mode, str(self.box.ssh_config),
+                self.box.alias, *args]
+
     def fs_argv(self, cmd: str, local: Path, remotes: Sequence[str], state: Path,
                 cfg: Path | None = None) -> list[str]:
         return [*self.fs, cmd, str(local), *remotes, "-F", str(cfg or self.box.ssh_config),
@@ -645,8 +650,7 @@ class Bench:
             "rsync": lambda r: self.run(self.rsync_argv(f"{self.main}/", f"{self.box.alias}:rs/")),
             LOGIN: lambda r: self.run(["ssh", "-F", str(self.box.ssh_config), self.box.alias,
                                        "true"]),
-            STARTS: lambda r: self.run([sys.executable, "-S", str(BENCH / "floor.py"), "start",
-                                        str(self.box.ssh_config), self.box.alias]),
+            STARTS: lambda r: self.run(self.floor_argv("start")),
         }
         runs = self.ab("no-op push", self.cfg.n("noop"), tools)
         self.record("noop", "No-op push", runs, base="rsync")
@@ -738,9 +742,8 @@ class Bench:
         # untimed, fetches everything.
         floor_state = self.w / "floor-pull.json"
         floor_state.unlink(missing_ok=True)
-        floor_argv = [sys.executable, "-S", str(BENCH / "floor.py"), "pull",
-                      str(self.box.ssh_config), self.box.alias, "flr", str(pull_floor),
-                      str(floor_state), *EXCLUDED_DIRS]
+        floor_argv = self.floor_argv("pull", "flr", str(pull_floor), str(floor_state),
+                                     *EXCLUDED_DIRS)
         subprocess.run(floor_argv, env=self.env, check=True, stdout=subprocess.DEVNULL)
         changed: list[int] = []
         state_file: list[Path] = []
@@ -936,9 +939,7 @@ class Bench:
                 "rsync": lambda r, local=local, rs_dir=rs_dir: self.run(
                     self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/")),
                 FLOOR: lambda r, local=local, floor_dir=floor_dir: self.run(
-                    [sys.executable, "-S", str(BENCH / "floor.py"), "push",
-                     str(self.box.ssh_config),
-                     self.box.alias, floor_dir, str(local)]),
+                    self.floor_argv("push", floor_dir, str(local))),
             }, setup)
             self.record(f"scale_{label}_initial", f"Initial push, {label} small files", runs,
                         base="rsync", files=n)
