@@ -22,7 +22,15 @@ unlinked, and the new listing replaces ``STATE``. No hashing, no fsync, no host 
 no check that a host file changed before it is overwritten), no journal, no undo copies,
 no path-safety checks: again everything filesync must do more is left out.
 
-``bench/run.py`` times them beside filesync and rsync, so the gap to rsync that no CPython
+``python3 -S floor.py sync SSH_CONFIG HOST REMOTE_DIR LOCAL_DIR STATE EXCLUDED...`` is the
+least a stateful CPython two-way sync does: the ``pull`` floor's walk on both sides (the
+host's while ssh logs in) and its listing of the last run in ``STATE``; a path that changed
+on one side only since that listing is copied to the other (or deleted there, when it was
+deleted), both ways on the one session, and the new listing replaces ``STATE``. A path that
+changed on both sides is left as it is. No hashing, no fsync, no check that a file changed
+again before it is overwritten, no journal, no undo copies, no path-safety checks.
+
+``bench/run.py`` times them beside filesync, rsync and unison, so the gap to rsync that no CPython
 implementation of the protocol can close shows in the same run.
 """
 
@@ -110,6 +118,149 @@ out.flush()
 """
 
 
+SYNCER = r"""
+import os, sys
+root = os.path.expanduser(sys.argv[1])
+pruned = set(sys.argv[2:])
+rows = []
+stack = [(root, "")]
+while stack:
+    top, prefix = stack.pop()
+    try:
+        it = os.scandir(top)
+    except FileNotFoundError:
+        continue
+    with it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name not in pruned:
+                    stack.append((entry.path, prefix + entry.name + "/"))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                rows.append("%s\t%d\t%d\n" % (prefix + entry.name, st.st_size, st.st_mtime_ns))
+out = sys.stdout.buffer
+out.write(("".join(rows) + "\n").encode("utf-8", "surrogateescape"))
+out.flush()
+inp = sys.stdin.buffer
+base = os.fsencode(root)
+while True:
+    line = inp.readline().rstrip(b"\n")
+    if not line:
+        break
+    op, _, rest = line.partition(b" ")
+    if op == b"G":
+        with open(os.path.join(base, rest), "rb") as f:
+            data = f.read()
+        out.write(b"%d\n" % len(data) + data)
+    elif op == b"D":
+        try:
+            os.unlink(os.path.join(base, rest))
+        except FileNotFoundError:
+            pass
+    else:
+        size, mtime, rel = rest.split(b" ", 2)
+        data = inp.read(int(size))
+        target = os.path.join(base, rel)
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, b".floor." + os.path.basename(target))
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.utime(tmp, ns=(int(mtime), int(mtime)))
+        os.rename(tmp, target)
+out.flush()
+"""
+
+
+def walk(root: str, pruned: set[str]) -> dict[str, list[int]]:
+    """``path: [size, mtime_ns]`` of every file under ``root``, as the listers list them."""
+    rows: dict[str, list[int]] = {}
+    stack = [(root, "")]
+    while stack:
+        top, prefix = stack.pop()
+        with os.scandir(top) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in pruned:
+                        stack.append((entry.path, prefix + entry.name + "/"))
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    rows[prefix + entry.name] = [st.st_size, st.st_mtime_ns]
+    return rows
+
+
+def put_file(local_dir: str, rel: str, data: bytes, mtime_ns: int) -> None:
+    """Write ``data`` to a temp name beside ``rel``, give it ``mtime_ns``, rename it."""
+    target = os.path.join(local_dir, rel)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, ".floor." + os.path.basename(target))
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    os.replace(tmp, target)
+
+
+def sync(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
+         excluded: list[str]) -> int:
+    """The two-way floor (module doc): both sides listed, each side's changes copied over."""
+    import contextlib
+    import json
+
+    command = " ".join(["python3 -I -S -c", shlex.quote(SYNCER), shlex.quote(remote_dir),
+                        *map(shlex.quote, excluded)])
+    proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with open(state) as f:
+            known: dict[str, list[int]] = json.load(f)
+    except FileNotFoundError:
+        known = {}
+    here = walk(local_dir, set(excluded))
+    there: dict[str, list[int]] = {}
+    for line in proc.stdout:
+        if line == b"\n":
+            break
+        rel, size, mtime = os.fsdecode(line.rstrip(b"\n")).split("\t")
+        there[rel] = [int(size), int(mtime)]
+    now: dict[str, list[int]] = {}
+    out: list[bytes] = []
+    wanted: list[str] = []
+    for rel in here.keys() | there.keys():
+        h, r, k = here.get(rel), there.get(rel), known.get(rel)
+        if h == r:
+            if h is not None:
+                now[rel] = h
+        elif r == k and h is not None:  # changed here only: copy it there
+            with open(os.path.join(local_dir, rel), "rb") as f:
+                data = f.read()
+            out.append(b"P %d %d %s\n" % (len(data), h[1], os.fsencode(rel)) + data)
+            now[rel] = h
+        elif r == k:  # deleted here only
+            out.append(b"D %s\n" % os.fsencode(rel))
+        elif h == k and r is not None:  # changed there only: fetch it
+            wanted.append(rel)
+            now[rel] = r
+        elif h == k:  # deleted there only
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(local_dir, rel))
+        elif k is not None:  # changed on both sides: left as it is
+            now[rel] = k
+    # the fetches last: the helper answers them only once it has read every copy sent
+    out += [b"G %s\n" % os.fsencode(rel) for rel in wanted]
+    proc.stdin.write(b"".join(out) + b"\n")
+    proc.stdin.close()
+    for rel in wanted:
+        data = proc.stdout.read(int(proc.stdout.readline()))
+        put_file(local_dir, rel, data, there[rel][1])
+    code = proc.wait()
+    with open(state + ".tmp", "w") as f:
+        json.dump(now, f)
+    os.replace(state + ".tmp", state)
+    return code
+
+
 def pull(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
          excluded: list[str]) -> int:
     """The pull floor (module doc): list, compare with ``state``, fetch what differs."""
@@ -138,15 +289,7 @@ def pull(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
     proc.stdin.flush()
     for rel in wanted:
         data = proc.stdout.read(int(proc.stdout.readline()))
-        target = os.path.join(local_dir, rel)
-        parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        tmp = os.path.join(parent, ".floor." + os.path.basename(target))
-        with open(tmp, "wb") as f:
-            f.write(data)
-        stamp = listing[rel][1]
-        os.utime(tmp, ns=(stamp, stamp))
-        os.replace(tmp, target)
+        put_file(local_dir, rel, data, listing[rel][1])
     for rel in known.keys() - listing.keys():
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(local_dir, rel))
@@ -162,9 +305,10 @@ def main() -> int:
     mode, cfg, host, *rest = sys.argv[1:]
     if mode == "start":
         return subprocess.call(["ssh", "-F", cfg, host, "python3 -I -S -c pass"])
-    if mode == "pull":
+    if mode in ("pull", "sync"):
         remote_dir, local_dir, state, *excluded = rest
-        return pull(cfg, host, remote_dir, local_dir, state, excluded)
+        return (pull if mode == "pull" else sync)(cfg, host, remote_dir, local_dir, state,
+                                                  excluded)
     remote_dir, local_dir = rest
     command = f"python3 -I -S -c {shlex.quote(RECEIVER)} {shlex.quote(remote_dir)}"
     proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,

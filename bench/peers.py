@@ -89,9 +89,14 @@ def _env_with(b: Bench, archives: Path | None) -> dict[str, str]:
     return {**b.env, "UNISON": str(archives)} if archives else b.env
 
 
-def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[str, int],
-            host_archives: Path, remote_archives: str | None) -> None:
-    """First sync, no-op sync, sync after edits on both sides: filesync vs unison."""
+def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, fl: Pair, *,
+            reps: dict[str, int], host_archives: Path, remote_archives: str | None) -> None:
+    """First sync, no-op sync, sync after edits on both sides: filesync vs unison.
+
+    ``fl`` is the python floor's pair (``bench/floor.py sync``), timed beside both in the
+    no-op and edit rounds. It sits out the first sync: a two-way floor that copies a whole
+    tree is only as fast as its own pipeline, which bounds nothing.
+    """
     server_env = f"UNISON={remote_archives}" if remote_archives else ""
     env = _env_with(b, host_archives)
     outs: list[dict[str, Any]] = []
@@ -127,11 +132,19 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
     b.verify(f"{key} first sync: remote == local (filesync sync)", fs.host, fs.remote_host)
     b.verify(f"{key} first sync: remote == local (unison)", un.host, un.remote_host)
     outs.clear()
-    # The floor of the no-op and edited syncs, timed in the same rounds as both tools
-    # (``run.floors``): two interpreter starts around ssh's login.
-    from run import STARTS
+    # The floors of the no-op and edited syncs, timed in the same rounds as both tools
+    # (``run.floors``): two interpreter starts around ssh's login, and the python floor,
+    # whose first run (untimed) copies the whole tree and lists it as its state.
+    from run import FLOOR, STARTS
 
-    timed = {**tools, STARTS: lambda _r: b.run(b.floor_argv("start"))}
+    fl.fresh()
+    shutil.rmtree(fl.host, ignore_errors=True)
+    subprocess.run(["cp", "-a", str(fs.host), str(fl.host)], check=True)
+    floor_argv = b.floor_argv("sync", fl.remote_spec, str(fl.host), str(fl.state / "floor.json"),
+                              *EXCLUDED_DIRS)
+    subprocess.run(floor_argv, env=b.env, check=True, stdout=subprocess.DEVNULL)
+    timed = {**tools, STARTS: lambda _r: b.run(b.floor_argv("start")),
+             FLOOR: lambda _r: b.run(floor_argv)}
     runs = b.ab(f"{key} no-op", reps["noop"], timed, settle=b.cfg.settle)
     b.record(f"{key}_noop", f"No-op sync, {label}", runs, base=UNISON)
     moved = [(o.get("uploaded"), o.get("downloaded")) for o in outs]
@@ -143,8 +156,9 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
 
     def setup(r: int) -> None:
         rels = trees.pick(files, 2 * edits, seed=4000 + r)
-        trees.edit([fs.host, un.host], rels[:edits], seed=4000 + r)
-        trees.edit([fs.remote_host, un.remote_host], rels[edits:], seed=5000 + r)
+        trees.edit([fs.host, un.host, fl.host], rels[:edits], seed=4000 + r)
+        trees.edit([fs.remote_host, un.remote_host, fl.remote_host], rels[edits:],
+                   seed=5000 + r)
 
     runs = b.ab(f"{key} edits", reps["edit"], timed, setup, settle=b.cfg.settle)
     b.record(f"{key}_edit", f"Sync after {edits} host and {edits} remote edits, {label}", runs,
@@ -154,6 +168,7 @@ def two_way(b: Bench, key: str, label: str, fs: Pair, un: Pair, *, reps: dict[st
             all(m == (edits, edits) for m in moved), str(moved))
     b.verify(f"{key} sync after edits: remote == local (filesync sync)", fs.host, fs.remote_host)
     b.verify(f"{key} sync after edits: remote == local (unison)", un.host, un.remote_host)
+    b.verify(f"{key} sync after edits: remote == local (python floor)", fl.host, fl.remote_host)
 
 
 def step_unison(b: Bench) -> None:
@@ -164,7 +179,8 @@ def step_unison(b: Bench) -> None:
         shutil.rmtree(host, ignore_errors=True)
         subprocess.run(["cp", "-a", str(b.main), str(host)], check=True)
         pairs[tool] = Pair(b, tool, host, tag, b.remote(tag), b.w / "state")
-    two_way(b, "unison", "3k files (tmpfs)", pairs[FS_SYNC], pairs[UNISON],
+    floor = Pair(b, "floor", b.host / "main-ufl", "ufl", b.remote("ufl"), b.w / "state")
+    two_way(b, "unison", "3k files (tmpfs)", pairs[FS_SYNC], pairs[UNISON], floor,
             reps={k: b.cfg.n(f"unison_{k}") for k in ("first", "noop", "edit")},
             host_archives=b.w / "unison-archives", remote_archives=None)
 
@@ -244,7 +260,9 @@ def step_disk(b: Bench, disk: Path) -> None:
                 subprocess.run(["cp", "-a", str(main), str(host)], check=True)
                 pairs[tool] = Pair(b, tool, host, str(root / f"u-remote-{tag}"),
                                    root / f"u-remote-{tag}", root / "state")
-            two_way(b, "disk_unison", "3k files (disk)", pairs[FS_SYNC], pairs[UNISON],
+            floor = Pair(b, "floor", root / "u-host-ufl", str(root / "u-remote-ufl"),
+                         root / "u-remote-ufl", root / "state")
+            two_way(b, "disk_unison", "3k files (disk)", pairs[FS_SYNC], pairs[UNISON], floor,
                     reps={k: b.cfg.n(f"disk_unison_{k}") for k in ("first", "noop", "edit")},
                     host_archives=root / "unison-host",
                     remote_archives=str(root / "unison-remote"))

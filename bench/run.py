@@ -62,7 +62,7 @@ ASYNC = "filesync --ssh-client asyncssh"  # the plain CLI over the asyncssh clie
 # Floors, timed beside the tools: what no tool over the same ssh can go below.
 LOGIN = "ssh HOST true"  # ssh's login and one session, with the default key exchange
 STARTS = "CPython, ssh, CPython"  # bench/floor.py start: that, between two interpreter starts
-FLOOR = "python floor"  # bench/floor.py push, pull: the least a CPython pair of processes does
+FLOOR = "python floor"  # bench/floor.py push, pull, sync: the least a CPython pair does
 SSH_CAT = "ssh cat"  # the fan-out's bytes through one plain ssh per host
 GNU_TIME = "/usr/bin/time"  # Debian package "time"; without it peak RSS is not reported
 
@@ -96,10 +96,10 @@ class Config:
         return cls(reps={"initial": 5, "noop": 7, "edit": 5, "pull": 5, "warm_noop": 11,
                          "warm_pull": 5, "scale_10k_initial": 3, "scale_10k_noop": 5,
                          "scale_100k_initial": 2, "scale_100k_noop": 3, "bigfile": 5,
-                         "fanout": 3, "fanout_noop": 3, "unison_first": 5, "unison_noop": 7,
-                         "unison_edit": 5, "disk_initial": 5, "disk_noop": 7, "disk_pull": 5,
+                         "fanout": 3, "fanout_noop": 3, "unison_first": 7, "unison_noop": 7,
+                         "unison_edit": 7, "disk_initial": 5, "disk_noop": 7, "disk_pull": 5,
                          "disk_unison_first": 3, "disk_unison_noop": 5, "disk_unison_edit": 3,
-                         "disk_100k_initial": 2, "disk_100k_noop": 3})
+                         "disk_100k_initial": 3, "disk_100k_noop": 3})
 
     @classmethod
     def smoke_cfg(cls) -> Config:
@@ -1312,6 +1312,12 @@ def floors(steps: dict[str, Any], big_init: str) -> list[dict[str, Any]]:
     if starts is not None and un_noop:
         info(f"floor of the no-op sync vs unison, 3k files: `{STARTS}` alone vs unison",
              starts / un_noop, f"{starts / un_noop:.2f}x")
+    for step, what in (("unison_noop", "no-op sync"),
+                       ("unison_edit", "sync after 10 + 10 edits")):
+        fl, un = med(step, FLOOR), med(step, peers.UNISON)
+        if fl is not None and un:
+            info(f"floor of the {what} vs unison, 3k files: `{FLOOR}` (a stateful CPython "
+                 "two-way sync, nothing durable) vs unison", fl / un, f"{fl / un:.2f}x")
     edit_starts = med("unison_edit", STARTS)
     if edit_starts is not None and un_noop and un_edit:
         # The edits cost any tool what they cost unison at least: its own edited sync

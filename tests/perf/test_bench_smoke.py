@@ -107,15 +107,18 @@ def test_result_has_every_smoke_step_with_medians_and_ratios(
     assert {"ssh HOST true", "CPython, ssh, CPython"} <= set(result["steps"]["noop"]["runs"])
     assert {"ssh cat 2 hosts", "ssh cat 1 host"} <= set(result["steps"]["fanout"]["runs"])
     # the peers people would pick instead: unison beside filesync sync, on tmpfs and on disk
-    # (the no-op and edited syncs time their floor, the interpreter starts, in their rounds)
+    # (the no-op and edited syncs time their floors, the interpreter starts and the python
+    # two-way floor, in their rounds)
     for key in ("unison_first", "disk_unison_first"):
         assert set(result["steps"][key]["runs"]) == {"filesync sync", "unison"}, key
         assert set(result["steps"][key]["ratios"]) == {"filesync sync/unison"}, key
     for key in ("unison_noop", "unison_edit", "disk_unison_noop", "disk_unison_edit"):
         assert set(result["steps"][key]["runs"]) == {"filesync sync", "unison",
-                                                     "CPython, ssh, CPython"}, key
+                                                     "CPython, ssh, CPython",
+                                                     "python floor"}, key
         assert set(result["steps"][key]["ratios"]) == {"filesync sync/unison",
-                                                       "CPython, ssh, CPython/unison"}, key
+                                                       "CPython, ssh, CPython/unison",
+                                                       "python floor/unison"}, key
     # the initial pushes on disk also run rsync --fsync, the floor of durable writes in C
     fsyncs = {"rsync --fsync"} if peers.rsync_fsyncs() else set()
     for key in ("disk_3k_initial", "disk_2k_initial"):
@@ -161,7 +164,11 @@ def test_targets_are_evaluated_or_marked_not_run(smoke: tuple[dict[str, Any], Pa
             "unison",
             "floor of the sync after 10 + 10 edits vs unison, 3k files: `CPython, ssh, "
             "CPython` plus unison's own cost of the edits (its edited sync beyond its no-op) "
-            "vs unison"} <= set(floors)
+            "vs unison",
+            "floor of the no-op sync vs unison, 3k files: `python floor` (a stateful CPython "
+            "two-way sync, nothing durable) vs unison",
+            "floor of the sync after 10 + 10 edits vs unison, 3k files: `python floor` (a "
+            "stateful CPython two-way sync, nothing durable) vs unison"} <= set(floors)
     if peers.rsync_fsyncs():
         assert {f"floor of the disk initial push, {size} files: `rsync --fsync` (each file "
                 "flushed, C) vs rsync" for size in ("3k", "2k")} <= set(floors)
@@ -174,6 +181,7 @@ def test_every_correctness_check_in_the_bench_passed(smoke: tuple[dict[str, Any]
     assert any("remote == local (filesync)" in n for n in names)
     assert any("pull downloads exactly" in n for n in names)
     assert any("(unison)" in n for n in names)
+    assert "unison sync after edits: remote == local (python floor)" in names
     assert any(n.startswith("disk_3k initial push: remote == local") for n in names)
     assert [c for c in result["checks"] if not c["ok"]] == []
 
