@@ -260,20 +260,43 @@ async def _after_recovery(
     report.skipped += planned.skipped
     check_deletions(planned.actions, len(scans.ancestors), opts.force)
     report.plan = list(planned.actions)
-    if not opts.dry_run:
-        # Loaded here: a sealed no-op returns above, and never loads the transition
-        # (host writes, journal apply, conflict saving).
-        transitioned: Transitioned = await deferred.load(
-            "filesync.sync.transition").transition(inputs, scans, planned)
-        report.fold(transitioned)
-    report.open_conflicts = list(inputs.state.conflicts().values())
-    if not opts.dry_run:
-        report.pruned = _retain(inputs, report.open_conflicts)
-    if scans.carry is not None:
-        scans.carry.keep()
-    clean = not (report.skipped or report.errors or report.open_conflicts)
-    seal = await sealing.seal_for(inputs, scans, planned, clean,
-                                  whole_plan=plan_filter is None)
+    whole_plan = plan_filter is None
+    # The helper's walk for the seal, asked once the remote is changed: it runs while
+    # the host side is recorded, not after it.
+    asked: asyncio.Future[str] | None = None
+
+    async def ask_seal() -> None:
+        nonlocal asked
+        asked = asyncio.ensure_future(
+            inputs.endpoint.seal_digest(inputs.remote_root, opts.rule))
+        await asyncio.sleep(0)  # its request goes out before the host-side steps
+
+    ahead = not opts.dry_run and sealing.asks_remote(inputs, scans, planned,
+                                                      whole_plan=whole_plan)
+    try:
+        if not opts.dry_run:
+            # Loaded here: a sealed no-op returns above, and never loads the transition
+            # (host writes, journal apply, conflict saving).
+            transitioned: Transitioned = await deferred.load(
+                "filesync.sync.transition").transition(inputs, scans, planned,
+                                                       ask_seal if ahead else None)
+            report.fold(transitioned)
+        report.open_conflicts = list(inputs.state.conflicts().values())
+        if not opts.dry_run:
+            report.pruned = _retain(inputs, report.open_conflicts)
+        if scans.carry is not None:
+            scans.carry.keep()
+        clean = not (report.skipped or report.errors or report.open_conflicts)
+        seal = await sealing.seal_for(inputs, scans, planned, clean,
+                                      whole_plan=whole_plan, asked=asked)
+        if asked is not None:
+            await asked  # its reply is read even when unused: the stream stays in step
+    except BaseException:
+        if asked is not None and not asked.done():
+            asked.cancel()  # the pass failed: its endpoint is dropped (``_run``)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asked
+        raise
     if seal is not None:
         inputs.state.put_seal(seal)  # the last write of the pass: every write drops it
 

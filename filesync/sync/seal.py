@@ -26,14 +26,18 @@ its plan leaves every path quiet on all three sides:
   every one succeeded (``clean``); the host-side conditions above hold as well;
 - the remote is exactly as its listing plus those uploads and deletions: its helper
   walks it again after them and compares every row (``Endpoint.seal_digest``), and the
-  seal's remote digest is that of the listing a new helper would send of that walk.
+  seal's remote digest is that of the listing a new helper would send of that walk. The
+  walk is asked as soon as the remote is changed (``asks_remote`` decides before the
+  transition whether a clean end would need it), so that it runs while the host side
+  records the pass; a pass that does not end clean discards it.
 
 Then a later pass matching the seal has the host this pass walked, the remote as this
 pass left it, and the state this pass wrote: the inputs of a pass that finds nothing to
 do. Any change on either side since breaks a digest, and the pass compares in full.
 
-The engine runs the seal as two named steps of a pass: ``check`` after the host's
-recovery and before the scan, ``seal_for`` once the pass is done.
+The engine runs the seal as named steps of a pass: ``check`` after the host's recovery
+and before the scan, ``asks_remote`` before the transition, ``seal_for`` once the pass
+is done.
 A file is taken as unchanged when its size, mtime, permission bits and inode are, as the
 stat cache and the per-file quiet test take it.
 """
@@ -41,6 +45,7 @@ stat cache and the per-file quiet test take it.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from filesync.core.model import Listing
@@ -116,31 +121,51 @@ async def check(inputs: PassInputs, walk: Walk | None) -> Sealed | Listing | Non
 REMOTE_ONLY = frozenset({Kind.UPLOAD, Kind.DELETE_REMOTE, Kind.FORGET})
 
 
+def _may_seal(inputs: PassInputs, scans: Scans) -> bool:
+    """The conditions on the pass and its host walk (see the module doc)."""
+    host = scans.local.listing
+    if not (may_use(inputs) and not inputs.opts.dry_run and host.digest and host.entries):
+        return False
+    newest = max(e.mtime_ns for e in host.entries.values())
+    return newest < scans.local.started_ns - RACY_NS
+
+
+def asks_remote(inputs: PassInputs, scans: Scans, planned: Planned, *,
+                whole_plan: bool = True) -> bool:
+    """Whether this pass, if it ends clean, seals with the helper's walk
+    (``Endpoint.seal_digest``): its plan changes only the remote, and every condition on
+    the pass and its host walk holds. Known before the transition, so that the engine
+    can ask the walk as soon as the remote is changed (``transition``'s ``remote_done``)."""
+    return (not planned.in_sync and whole_plan and planned.all_acted
+            and all(a.kind in REMOTE_ONLY and a.then is None for a in planned.actions)
+            and _may_seal(inputs, scans))
+
+
 async def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool, *,
-                   whole_plan: bool = True) -> Seal | None:
+                   whole_plan: bool = True, asked: Awaitable[str] | None = None) -> Seal | None:
     """The seal a finished pass leaves, or None when it may not leave one (see the module
     doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open;
-    ``whole_plan``: it carried out every action its plan had (none was filtered out)."""
-    opts, host, remote = inputs.opts, scans.local.listing, scans.remote
-    if not (clean and may_use(inputs) and not opts.dry_run and host.digest and host.entries):
+    ``whole_plan``: it carried out every action its plan had (none was filtered out);
+    ``asked``: the helper's digest, asked once the remote was changed, where
+    ``asks_remote`` held before the transition (the caller awaits it if this does not)."""
+    if not clean:
         return None
-    if planned.in_sync:
-        remote_digest = remote.digest
-    elif whole_plan and planned.all_acted and all(a.kind in REMOTE_ONLY and a.then is None
-                                   for a in planned.actions):
-        remote_digest = None
+    if asked is not None:
+        remote_digest = await asked
+    elif not _may_seal(inputs, scans):
+        return None
+    elif planned.in_sync:
+        remote_digest = scans.remote.digest
+    elif asks_remote(inputs, scans, planned, whole_plan=whole_plan):
+        remote_digest = await inputs.endpoint.seal_digest(inputs.remote_root,
+                                                          inputs.opts.rule)
     else:
         return None
-    newest = max(e.mtime_ns for e in host.entries.values())
-    if newest >= scans.local.started_ns - RACY_NS:
-        return None
-    if remote_digest is None:
-        # Asked last: the helper walks the whole remote tree again.
-        remote_digest = await inputs.endpoint.seal_digest(inputs.remote_root, opts.rule)
     if not remote_digest:
         return None
-    return Seal(fingerprint(opts), host.digest, remote_digest, scans.excluded)
+    return Seal(fingerprint(inputs.opts), scans.local.listing.digest, remote_digest,
+                scans.excluded)
 
 
-__all__ = ["REMOTE_ONLY", "Sealed", "check", "fingerprint", "host_digest", "may_use",
-           "seal_for"]
+__all__ = ["REMOTE_ONLY", "Sealed", "asks_remote", "check", "fingerprint", "host_digest",
+           "may_use", "seal_for"]

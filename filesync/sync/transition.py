@@ -7,14 +7,16 @@ per file, made when its side confirmed it. Order: stage what is still missing, s
 losing versions of conflicts, change the remote (one delete request, then one send stream
 per ``UPLOAD_BATCH`` files, each recorded once confirmed), change the host (journaled,
 deletes before writes), then record ancestors and caches. Nothing is recorded before it
-is confirmed.
+is confirmed. ``remote_done``, if given, is awaited once the remote is changed and before
+the host is: the last point at which the pass's endpoint is free for a request of its
+own (the engine asks the seal's walk there, so that it runs while the host side works).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from itertools import compress
 from operator import is_, ne
 from pathlib import Path
@@ -53,7 +55,8 @@ def _ends_in(action: Action, kind: Kind) -> bool:
     return action.kind is kind or (action.kind is Kind.CONFLICT and action.then is kind)
 
 
-async def transition(inputs: PassInputs, scans: Scans, planned: Planned) -> Transitioned:
+async def transition(inputs: PassInputs, scans: Scans, planned: Planned,
+                     remote_done: Callable[[], Awaitable[None]] | None = None) -> Transitioned:
     """Carry out ``planned.actions``; returns what was confirmed, skipped or failed."""
     out = Transitioned()
     plan = await _ensure_staged(inputs, planned, out)
@@ -63,6 +66,8 @@ async def transition(inputs: PassInputs, scans: Scans, planned: Planned) -> Tran
     await _delete_remote(inputs, scans.remote, plan, out)
     read_rows = await _upload(inputs, scans, plan, out)
     await _ensure_remote_root(inputs, scans)
+    if remote_done is not None:
+        await remote_done()
     _apply_host(inputs, scans.ancestors, scans.local, plan, out)
     _record(inputs, scans, plan)
     _update_conflict_table(inputs, planned, conflicts, plan, out)

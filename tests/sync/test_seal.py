@@ -16,7 +16,7 @@ import pytest
 from synctree import snapshot, write
 
 from filesync.core.exclude import ExcludeRule
-from filesync.core.reconcile import Direction
+from filesync.core.reconcile import Direction, Kind
 from filesync.endpoint.helper import HelperEndpoint
 from filesync.host.scan import DIGEST_ROWS, list_local, walk_digest
 from filesync.host.state import Ancestor, PairState, Seal
@@ -341,6 +341,75 @@ def test_a_remote_change_during_the_push_leaves_no_seal(
     report = pair.run(Direction.SYNC)
     assert not pair.sealed and report.downloaded == 1
     assert (pair.local / "d" / "b.txt").read_text() == "written during the push\n"
+
+
+def test_the_seals_walk_is_asked_before_the_host_side_is_recorded(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper walks for the seal while the push records its host side, not after."""
+    from filesync.sync import transition as transition_module
+
+    events: list[str] = []
+    real_digest = HelperEndpoint.seal_digest
+    real_caches = transition_module._update_caches
+
+    async def digest(self: HelperEndpoint, root: str, rule: ExcludeRule) -> str:
+        events.append("seal asked")
+        return await real_digest(self, root, rule)
+
+    def caches(*args: Any) -> None:
+        events.append("caches recorded")
+        real_caches(*args)
+
+    monkeypatch.setattr(HelperEndpoint, "seal_digest", digest)
+    monkeypatch.setattr(transition_module, "_update_caches", caches)
+    assert pair.run().uploaded == 3 and pair.seal() is not None
+    assert events == ["seal asked", "caches recorded"]
+
+
+def test_a_push_that_asked_for_the_seal_and_ends_unclean_keeps_its_helper_in_step(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk is asked before the push knows whether it ends clean. One that does not
+    (a remote file appeared under an upload) still reads the unused reply, so the next
+    pass on the same warm helper gets its own replies."""
+    real_send = HelperEndpoint.send
+    real_digest = HelperEndpoint.seal_digest
+    asked: list[str] = []
+
+    async def meddled(self: HelperEndpoint, *args: Any, **kw: Any) -> Any:
+        old(write(pair.remote / "d" / "b.txt", "written during the push\n"), OLD_NS + 10**9)
+        return await real_send(self, *args, **kw)
+
+    async def digest(self: HelperEndpoint, root: str, rule: ExcludeRule) -> str:
+        asked.append(root)
+        return await real_digest(self, root, rule)
+
+    monkeypatch.setattr(HelperEndpoint, "send", meddled)
+    monkeypatch.setattr(HelperEndpoint, "seal_digest", digest)
+    opts = Options(Direction.PUSH, rule=RULE, state_dir=pair.state)
+
+    async def two_passes() -> tuple[Report, Report]:
+        conduit = local_conduit()
+        warm = WarmState()
+        try:
+            first = await run_pass(conduit, pair.local, str(pair.remote), opts, warm=warm)
+            monkeypatch.setattr(HelperEndpoint, "send", real_send)
+            second = await run_pass(conduit, pair.local, str(pair.remote), opts, warm=warm)
+            return first, second
+        finally:
+            await warm.close()
+            await conduit.close()
+
+    first, second = asyncio.run(two_passes())
+    assert asked and first.uploaded == 2 and [s.path for s in first.skipped] == ["d/b.txt"]
+    assert pair.seal() is None
+    # the second pass read its own listing, not the first one's unused digest
+    assert [(a.path, a.kind, a.then) for a in second.plan] == [
+        ("d/b.txt", Kind.CONFLICT, Kind.UPLOAD)]
+    assert second.uploaded == 1 and snapshot(pair.remote)["d/b.txt"] == b"d/b.txt\n"
+    saved = Path(second.conflicts[0]["saved_to"])
+    assert saved.read_text() == "written during the push\n"
 
 
 def test_only_a_pass_that_acted_on_every_loud_path_and_only_remotely_seals(
