@@ -41,7 +41,7 @@ import shlex
 import struct
 import subprocess
 import sys
-from typing import IO
+from typing import IO, Any
 
 RECORD = struct.Struct(">IIQ")  # path length, data length, mtime_ns
 
@@ -88,25 +88,51 @@ def send(top: str, prefix: str, out: IO[bytes]) -> None:
             out.write(RECORD.pack(len(rel), len(data), st.st_mtime_ns) + rel + data)
 
 
-LISTER = r"""
+WALK = r"""
 import os, sys
+
+
+def walk(root, pruned):
+    rows = {}
+    stack = [(root, "")]
+    while stack:
+        top, prefix = stack.pop()
+        try:
+            it = os.scandir(top)
+        except FileNotFoundError:  # a root not made yet
+            continue
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in pruned:
+                        stack.append((entry.path, prefix + entry.name + "/"))
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    rows[prefix + entry.name] = [st.st_size, st.st_mtime_ns]
+    return rows
+
+
+def send_listing(rows, out):
+    text = "".join("%s\t%d\t%d\n" % (rel, size, mtime) for rel, (size, mtime) in rows.items())
+    out.write((text + "\n").encode("utf-8", "surrogateescape"))
+    out.flush()
+"""
+_WALKS: dict[str, Any] = {}
+
+
+def walk(root: str, pruned: set[str]) -> dict[str, list[int]]:
+    """``WALK``'s walk, the one every floor lists a tree with on either side: ``path:
+    [size, mtime_ns]`` of every file, directories named in ``pruned`` not entered.
+    (Compiled on first use: the ``start`` floor never lists.)"""
+    if not _WALKS:
+        exec(WALK, _WALKS)
+    rows: dict[str, list[int]] = _WALKS["walk"](root, pruned)
+    return rows
+
+LISTER = WALK + r"""
 root = os.path.expanduser(sys.argv[1])
-pruned = set(sys.argv[2:])
-rows = []
-stack = [(root, "")]
-while stack:
-    top, prefix = stack.pop()
-    with os.scandir(top) as it:
-        for entry in it:
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name not in pruned:
-                    stack.append((entry.path, prefix + entry.name + "/"))
-            elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
-                rows.append("%s\t%d\t%d\n" % (prefix + entry.name, st.st_size, st.st_mtime_ns))
 out = sys.stdout.buffer
-out.write(("".join(rows) + "\n").encode("utf-8", "surrogateescape"))
-out.flush()
+send_listing(walk(root, set(sys.argv[2:])), out)
 for line in sys.stdin.buffer:
     rel = line.rstrip(b"\n")
     if not rel:
@@ -118,29 +144,10 @@ out.flush()
 """
 
 
-SYNCER = r"""
-import os, sys
+SYNCER = WALK + r"""
 root = os.path.expanduser(sys.argv[1])
-pruned = set(sys.argv[2:])
-rows = []
-stack = [(root, "")]
-while stack:
-    top, prefix = stack.pop()
-    try:
-        it = os.scandir(top)
-    except FileNotFoundError:
-        continue
-    with it:
-        for entry in it:
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name not in pruned:
-                    stack.append((entry.path, prefix + entry.name + "/"))
-            elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
-                rows.append("%s\t%d\t%d\n" % (prefix + entry.name, st.st_size, st.st_mtime_ns))
 out = sys.stdout.buffer
-out.write(("".join(rows) + "\n").encode("utf-8", "surrogateescape"))
-out.flush()
+send_listing(walk(root, set(sys.argv[2:])), out)
 inp = sys.stdin.buffer
 base = os.fsencode(root)
 while True:
@@ -172,20 +179,43 @@ out.flush()
 """
 
 
-def walk(root: str, pruned: set[str]) -> dict[str, list[int]]:
-    """``path: [size, mtime_ns]`` of every file under ``root``, as the listers list them."""
+def _start(cfg: str, host: str, script: str, remote_dir: str,
+           excluded: list[str]) -> subprocess.Popen[bytes]:
+    """``script`` on ``host`` through one ssh session, its pipes this process's."""
+    command = " ".join(["python3 -I -S -c", shlex.quote(script), shlex.quote(remote_dir),
+                        *map(shlex.quote, excluded)])
+    return subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+
+
+def _known(state: str) -> dict[str, list[int]]:
+    """The listing the last run kept (none before the first)."""
+    import json
+
+    try:
+        with open(state) as f:
+            known: dict[str, list[int]] = json.load(f)
+    except FileNotFoundError:
+        known = {}
+    return known
+
+
+def _keep(state: str, listing: dict[str, list[int]]) -> None:
+    import json
+
+    with open(state + ".tmp", "w") as f:
+        json.dump(listing, f)
+    os.replace(state + ".tmp", state)
+
+
+def _listing(stream: IO[bytes]) -> dict[str, list[int]]:
+    """The remote's ``send_listing``, read back."""
     rows: dict[str, list[int]] = {}
-    stack = [(root, "")]
-    while stack:
-        top, prefix = stack.pop()
-        with os.scandir(top) as it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name not in pruned:
-                        stack.append((entry.path, prefix + entry.name + "/"))
-                elif entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    rows[prefix + entry.name] = [st.st_size, st.st_mtime_ns]
+    for line in stream:
+        if line == b"\n":
+            break
+        rel, size, mtime = os.fsdecode(line.rstrip(b"\n")).split("\t")
+        rows[rel] = [int(size), int(mtime)]
     return rows
 
 
@@ -205,25 +235,12 @@ def sync(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
          excluded: list[str]) -> int:
     """The two-way floor (module doc): both sides listed, each side's changes copied over."""
     import contextlib
-    import json
 
-    command = " ".join(["python3 -I -S -c", shlex.quote(SYNCER), shlex.quote(remote_dir),
-                        *map(shlex.quote, excluded)])
-    proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = _start(cfg, host, SYNCER, remote_dir, excluded)
     assert proc.stdin is not None and proc.stdout is not None
-    try:
-        with open(state) as f:
-            known: dict[str, list[int]] = json.load(f)
-    except FileNotFoundError:
-        known = {}
+    known = _known(state)
     here = walk(local_dir, set(excluded))
-    there: dict[str, list[int]] = {}
-    for line in proc.stdout:
-        if line == b"\n":
-            break
-        rel, size, mtime = os.fsdecode(line.rstrip(b"\n")).split("\t")
-        there[rel] = [int(size), int(mtime)]
+    there = _listing(proc.stdout)
     now: dict[str, list[int]] = {}
     out: list[bytes] = []
     wanted: list[str] = []
@@ -255,9 +272,7 @@ def sync(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
         data = proc.stdout.read(int(proc.stdout.readline()))
         put_file(local_dir, rel, data, there[rel][1])
     code = proc.wait()
-    with open(state + ".tmp", "w") as f:
-        json.dump(now, f)
-    os.replace(state + ".tmp", state)
+    _keep(state, now)
     return code
 
 
@@ -266,24 +281,11 @@ def pull(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
     """The pull floor (module doc): list, compare with ``state``, fetch what differs."""
     # Imported here: the ``start`` floor loads only what every mode needs.
     import contextlib
-    import json
 
-    command = " ".join(["python3 -I -S -c", shlex.quote(LISTER), shlex.quote(remote_dir),
-                        *map(shlex.quote, excluded)])
-    proc = subprocess.Popen(["ssh", "-F", cfg, host, command], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = _start(cfg, host, LISTER, remote_dir, excluded)
     assert proc.stdin is not None and proc.stdout is not None
-    try:
-        with open(state) as f:
-            known: dict[str, list[int]] = json.load(f)
-    except FileNotFoundError:
-        known = {}
-    listing: dict[str, list[int]] = {}
-    for line in proc.stdout:
-        if line == b"\n":
-            break
-        rel, size, mtime = os.fsdecode(line.rstrip(b"\n")).split("\t")
-        listing[rel] = [int(size), int(mtime)]
+    known = _known(state)
+    listing = _listing(proc.stdout)
     wanted = [rel for rel, row in listing.items() if known.get(rel) != row]
     proc.stdin.write(b"".join(os.fsencode(rel) + b"\n" for rel in wanted) + b"\n")
     proc.stdin.flush()
@@ -295,9 +297,7 @@ def pull(cfg: str, host: str, remote_dir: str, local_dir: str, state: str,
             os.unlink(os.path.join(local_dir, rel))
     proc.stdin.close()
     code = proc.wait()
-    with open(state + ".tmp", "w") as f:
-        json.dump(listing, f)
-    os.replace(state + ".tmp", state)
+    _keep(state, listing)
     return code
 
 
