@@ -260,7 +260,6 @@ async def _after_recovery(
     report.skipped += planned.skipped
     check_deletions(planned.actions, len(scans.ancestors), opts.force)
     report.plan = list(planned.actions)
-    whole_plan = plan_filter is None
     # The helper's walk for the seal, asked once the remote is changed: it runs while
     # the host side is recorded, not after it.
     asked: asyncio.Future[str] | None = None
@@ -272,7 +271,7 @@ async def _after_recovery(
         await asyncio.sleep(0)  # its request goes out before the host-side steps
 
     ahead = not opts.dry_run and sealing.asks_remote(inputs, scans, planned,
-                                                      whole_plan=whole_plan)
+                                                      whole_plan=plan_filter is None)
     try:
         if not opts.dry_run:
             # Loaded here: a sealed no-op returns above, and never loads the transition
@@ -287,8 +286,7 @@ async def _after_recovery(
         if scans.carry is not None:
             scans.carry.keep()
         clean = not (report.skipped or report.errors or report.open_conflicts)
-        seal = await sealing.seal_for(inputs, scans, planned, clean,
-                                      whole_plan=whole_plan, asked=asked)
+        seal = await sealing.seal_for(inputs, scans, planned, clean, asked=asked)
         if asked is not None:
             await asked  # its reply is read even when unused: the stream stays in step
     except BaseException:

@@ -142,23 +142,18 @@ def asks_remote(inputs: PassInputs, scans: Scans, planned: Planned, *,
 
 
 async def seal_for(inputs: PassInputs, scans: Scans, planned: Planned, clean: bool, *,
-                   whole_plan: bool = True, asked: Awaitable[str] | None = None) -> Seal | None:
+                   asked: Awaitable[str] | None = None) -> Seal | None:
     """The seal a finished pass leaves, or None when it may not leave one (see the module
     doc). ``clean``: the pass skipped nothing, failed nothing, and no conflict is open;
-    ``whole_plan``: it carried out every action its plan had (none was filtered out);
-    ``asked``: the helper's digest, asked once the remote was changed, where
-    ``asks_remote`` held before the transition (the caller awaits it if this does not)."""
+    ``asked``: the helper's digest (``Endpoint.seal_digest``), asked once the remote was
+    changed where ``asks_remote`` held before the transition (the caller awaits it if
+    this does not); a pass that changed the remote and asked none leaves no seal."""
     if not clean:
         return None
     if asked is not None:
         remote_digest = await asked
-    elif not _may_seal(inputs, scans):
-        return None
-    elif planned.in_sync:
+    elif planned.in_sync and _may_seal(inputs, scans):
         remote_digest = scans.remote.digest
-    elif asks_remote(inputs, scans, planned, whole_plan=whole_plan):
-        remote_digest = await inputs.endpoint.seal_digest(inputs.remote_root,
-                                                          inputs.opts.rule)
     else:
         return None
     if not remote_digest:
