@@ -451,6 +451,14 @@ def batch_limit(open_files: int) -> int:
     return 512 if open_files < 0 else max(1, min(512, open_files // 4))
 
 
+def batch_descriptors() -> int:
+    """How many descriptors a request's ``Batch`` may hold at once, with room to spare (a
+    temp file and a directory per pending file, the ``Dirs`` chain, the streams), within
+    what this process may open."""
+    limit, want = _open_files(), 2 * Batch.LIMIT + 64
+    return want if limit < 0 else min(want, limit)
+
+
 def _open_files() -> int:
     try:
         import resource

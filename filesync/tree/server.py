@@ -15,7 +15,15 @@ import time
 
 from filesync.tree.bounded import Bounded
 from filesync.tree.channel import Channel
-from filesync.tree.dirfd import TEMP_PREFIX, TEMP_SUFFIX, Batch, Dirs, TempFile, delete_file
+from filesync.tree.dirfd import (
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    Batch,
+    Dirs,
+    TempFile,
+    batch_descriptors,
+    delete_file,
+)
 from filesync.tree.ignore import Matcher
 from filesync.tree.paths import home_dir, resolve_root, split_rel
 from filesync.tree.walk import walk
@@ -517,6 +525,23 @@ def _widen_pipes() -> None:
             pass
 
 
+def _reserve_descriptors(count: int) -> None:
+    """Grow this process's descriptor table to hold ``count`` descriptors now, while it has
+    one thread. Linux grows the table of a process whose threads share it only after an
+    RCU grace period (``synchronize_rcu``: 5-20 ms here per doubling), and an upload's
+    batch (``dirfd.Batch``) would cross three or four doublings of it; with one thread it
+    grows at once. Best effort: without ``fcntl`` the table grows as it fills."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        # The lowest free descriptor from ``count - 1`` up: nothing open is touched.
+        os.close(fcntl.fcntl(0, getattr(fcntl, "F_DUPFD_CLOEXEC", fcntl.F_DUPFD), count - 1))
+    except OSError:
+        pass
+
+
 def main() -> None:
     """The remote helper's entry point: serve stdin/stdout until ``bye`` or end of input,
     then end the process at once. Every reply is out and every file closed by then; the
@@ -524,6 +549,7 @@ def main() -> None:
     files) would only keep the client waiting for the channel to close."""
     try:
         _widen_pipes()
+        _reserve_descriptors(batch_descriptors())  # before ``serve`` starts a thread
         serve(sys.stdin.buffer, sys.stdout.buffer, watchdog=True)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the client went away: nothing is left to answer

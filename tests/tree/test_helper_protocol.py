@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -228,6 +229,48 @@ def test_the_shipped_helper_answers_bye_then_ends_at_once(tmp_path: Path) -> Non
         out = out[5 + length:]
     assert replies[0]["hello"] == PROTOCOL and replies[-1] == {"bye": True}
     assert done.stderr == b""
+
+
+def _descriptor_table_size(pid: int | str) -> int:
+    """How many descriptors the process's table holds now (Linux: ``FDSize``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("FDSize:"):
+            return int(line.split()[1])
+    raise AssertionError("no FDSize")
+
+
+def test_the_shipped_helper_holds_a_batch_s_descriptors_before_its_first_request(
+        tmp_path: Path) -> None:
+    """Its table is grown at start, with one thread (``server._reserve_descriptors``): no
+    upload's opens grow it later, when each doubling waits for an RCU grace period."""
+    from filesync.tree.bundle import bootstrap_command, payload
+    from filesync.tree.dirfd import batch_descriptors
+
+    proc = subprocess.Popen(["sh", "-c", bootstrap_command()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(payload())
+        proc.stdin.flush()
+        kind, length = struct.unpack(">cI", proc.stdout.read(5))
+        hello = json.loads(proc.stdout.read(length))
+        assert kind == b"J" and hello["hello"] == PROTOCOL
+        assert _descriptor_table_size(hello["pid"]) >= batch_descriptors() > 64
+    finally:
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+
+
+def test_reserving_descriptors_grows_the_table_and_leaves_nothing_open() -> None:
+    code = ("import os; from filesync.tree.server import _reserve_descriptors; "
+            "before = sorted(os.listdir('/proc/self/fd')); _reserve_descriptors(500); "
+            "after = sorted(os.listdir('/proc/self/fd')); "
+            "size = [l for l in open('/proc/self/status') if l.startswith('FDSize')][0]; "
+            "print(before == after, size.split()[1])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True, stdin=subprocess.DEVNULL)
+    same, size = done.stdout.split()
+    assert same == "True" and int(size) >= 500
 
 
 def test_hello_then_bye(client: Client) -> None:
