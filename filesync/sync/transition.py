@@ -10,6 +10,8 @@ deletes before writes), then record ancestors and caches. Nothing is recorded be
 is confirmed. ``remote_done``, if given, is awaited once the remote is changed and before
 the host is: the last point at which the pass's endpoint is free for a request of its
 own (the engine asks the seal's walk there, so that it runs while the host side works).
+After uploads that placed a file it is awaited as soon as the last stream's reply is in,
+before that stream is recorded (and no empty send makes the root: the stream did).
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ async def transition(inputs: PassInputs, scans: Scans, planned: Planned,
     # Deletes first, on both sides: a name turned from a directory into a file is free
     # (the emptied directory pruned) when the file is written, so it converges in one pass.
     await _delete_remote(inputs, scans.remote, plan, out)
-    read_rows = await _upload(inputs, scans, plan, out)
-    await _ensure_remote_root(inputs, scans)
-    if remote_done is not None:
-        await remote_done()
+    read_rows, placed = await _upload(inputs, scans, plan, out, remote_done)
+    if not placed:
+        await _ensure_remote_root(inputs, scans)
+        if remote_done is not None:
+            await remote_done()
     _apply_host(inputs, scans.ancestors, scans.local, plan, out)
     _record(inputs, scans, plan)
     _update_conflict_table(inputs, planned, conflicts, plan, out)
@@ -192,30 +195,40 @@ UPLOAD_BATCH = 4096
 
 
 async def _upload(
-    inputs: PassInputs, scans: Scans, plan: list[Action], out: Transitioned
-) -> dict[str, CacheRow]:
+    inputs: PassInputs, scans: Scans, plan: list[Action], out: Transitioned,
+    remote_done: Callable[[], Awaitable[None]] | None,
+) -> tuple[dict[str, CacheRow], bool]:
     """Send the uploads, ``UPLOAD_BATCH`` files per stream; returns the cache rows of
-    files first read here."""
+    files first read here, and whether a file was placed (the remote root exists then).
+    If one was, ``remote_done`` was awaited as soon as the last stream's reply was in, so
+    that the seal's walk runs while that stream is recorded too."""
     uploads = [a.path for a in plan if _ends_in(a, Kind.UPLOAD)]
     read_rows: dict[str, CacheRow] = {}
     if not uploads:
-        return read_rows
+        return read_rows, False
     bar = inputs.opts.progress
     if bar is not None:
         bar.begin("upload", sum(scans.local.listing.entries[rel].size for rel in uploads))
+    placed = False
     try:
         for start in range(0, len(uploads), UPLOAD_BATCH):
-            await _upload_batch(inputs, scans, uploads[start:start + UPLOAD_BATCH], out,
-                                read_rows)
+            last = start + UPLOAD_BATCH >= len(uploads)
+            placed = await _upload_batch(
+                inputs, scans, uploads[start:start + UPLOAD_BATCH], out, read_rows,
+                remote_done if last else None, placed) or placed
     finally:
         if bar is not None:
             bar.end()
-    return read_rows
+    return read_rows, placed
 
 
 async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
-                        out: Transitioned, read_rows: dict[str, CacheRow]) -> None:
-    """Send ``uploads`` in one stream and record what the remote confirmed."""
+                        out: Transitioned, read_rows: dict[str, CacheRow],
+                        remote_done: Callable[[], Awaitable[None]] | None = None,
+                        placed: bool = False) -> bool:
+    """Send ``uploads`` in one stream and record what the remote confirmed; returns
+    whether it placed a file. ``remote_done`` (the last stream's) is awaited once the
+    reply is in, before the recording, if this or an earlier stream placed a file."""
     readers: dict[str, HashingReader] = {}
     local = scans.local
     rfiles = scans.remote.files()
@@ -237,6 +250,9 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
             yield SendItem(rel, entry.mode & 0o777, entry.mtime_ns, expect, reader)
 
     outcomes = await inputs.endpoint.send(inputs.remote_root, items(), len(uploads))
+    placed_here = any(o.status == Status.OK for o in outcomes)
+    if remote_done is not None and (placed or placed_here):
+        await remote_done()
     rows = []
     modes: dict[int, int] = {}
     for o in outcomes:
@@ -258,6 +274,7 @@ async def _upload_batch(inputs: PassInputs, scans: Scans, uploads: list[str],
         else:
             _failed(out, o.path, o.status, o.reason, "upload", o.code)
     inputs.state.put_ancestors(rows)
+    return placed_here
 
 
 def _failed(out: Transitioned, path: str, status: Status, reason: str, what: str,

@@ -343,15 +343,17 @@ def test_a_remote_change_during_the_push_leaves_no_seal(
     assert (pair.local / "d" / "b.txt").read_text() == "written during the push\n"
 
 
-def test_the_seals_walk_is_asked_before_the_host_side_is_recorded(
+def test_the_seals_walk_is_asked_before_the_push_is_recorded(
     pair: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The helper walks for the seal while the push records its host side, not after."""
+    """The helper walks for the seal while the push records what it did, not after: asked
+    as soon as the last stream's reply is in, before its uploads are recorded."""
     from filesync.sync import transition as transition_module
 
     events: list[str] = []
     real_digest = HelperEndpoint.seal_digest
     real_caches = transition_module._update_caches
+    real_ancestors = PairState.put_ancestors
 
     async def digest(self: HelperEndpoint, root: str, rule: ExcludeRule) -> str:
         events.append("seal asked")
@@ -361,10 +363,38 @@ def test_the_seals_walk_is_asked_before_the_host_side_is_recorded(
         events.append("caches recorded")
         real_caches(*args)
 
+    def ancestors(self: PairState, rows: Any) -> None:
+        rows = list(rows)
+        if rows:
+            events.append("uploads recorded")
+        real_ancestors(self, rows)
+
     monkeypatch.setattr(HelperEndpoint, "seal_digest", digest)
     monkeypatch.setattr(transition_module, "_update_caches", caches)
+    monkeypatch.setattr(PairState, "put_ancestors", ancestors)
     assert pair.run().uploaded == 3 and pair.seal() is not None
-    assert events == ["seal asked", "caches recorded"]
+    assert events == ["seal asked", "uploads recorded", "caches recorded"]
+
+
+def test_a_push_into_a_missing_root_sends_one_stream(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream makes the root: no empty send is added for it (only a push with
+    nothing placed sends one, ``test_an_empty_tree_pushed_leaves_an_empty_remote_root``)."""
+    real_send = HelperEndpoint.send
+    sent: list[int] = []
+
+    async def send(self: HelperEndpoint, root: str, items: Any, count: int | None = None
+                   ) -> Any:
+        sent.append(count or 0)
+        return await real_send(self, root, items, count)
+
+    monkeypatch.setattr(HelperEndpoint, "send", send)
+    assert not pair.remote.exists()
+    assert pair.run().uploaded == 3 and sent == [3]
+    kept = {rel: data for rel, data in snapshot(pair.local).items()
+            if not rel.startswith("node_modules/")}
+    assert snapshot(pair.remote) == kept
 
 
 def test_a_push_that_asked_for_the_seal_and_ends_unclean_keeps_its_helper_in_step(
