@@ -306,6 +306,10 @@ async def main_in_agent(args_list: Sequence[str], conduits: EndpointConduits, *,
 def handle_failure(exc: BaseException, json_mode: bool, sink: Sink | None = None) -> int:
     """Turn an expected failure into its one line (and JSON) on ``sink`` (None: the
     process's stdout and stderr) and exit code; re-raise the rest."""
+    if isinstance(exc, SystemExit):
+        # ``--help``, ``--version``: argparse has printed its text and exits; loading the
+        # sinks (and with them asyncio) would only delay that exit.
+        raise exc
     from filesync.cli.settings import STDIO
 
     sink = sink or STDIO

@@ -217,3 +217,24 @@ def test_an_empty_remote_begins_no_login(tmp_path: Path) -> None:
     rc, spawns, err = _record_spawns(tmp_path, "dead:tree", "")
     assert (rc, spawns) == (2, []), err
     assert "REMOTE is empty" in err
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["pull", "--help"]])
+def test_version_and_help_load_no_engine_and_no_event_loop(argv: list[str]) -> None:
+    # argparse's own exit (status 0, its text printed) passes through the failure handler
+    # untouched: nothing it never uses (the sinks, asyncio, the engine) is loaded first.
+    code = (
+        "import sys\n"
+        "from filesync.cli.main import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code)\n"
+        "print(sorted(m for m in ('asyncio', 'filesync.cli.settings', 'filesync.sync.engine')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    *printed, exited, loaded = done.stdout.splitlines()
+    assert (exited, loaded) == ("exit 0", "[]"), done.stderr
+    assert printed and printed[0].startswith(("filesync ", "usage: filesync")), printed
