@@ -158,7 +158,7 @@ def meta_line(res: dict[str, Any]) -> str:
     m = {k: " ".join(v.split()) if isinstance(v, str) else v for k, v in res["meta"].items()}
     n_dirty = m["filesync_dirty_files"]
     dirty = f" (+{n_dirty} uncommitted files under filesync/)" if n_dirty else ""
-    steps_busy = m.get("busy_before_step", {})
+    steps_busy: dict[str, dict[str, float]] = res["meta"].get("busy_before_step", {})
     busy = ""
     if steps_busy:
         worst = max(steps_busy.items(), key=lambda kv: kv[1]["busy"])

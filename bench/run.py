@@ -503,7 +503,7 @@ class Bench:
     def ab(self, step: str, reps: int, tools: dict[str, Callable[[int], Sample]],
            setup: Callable[[int], None] | None = None, settle: float = 0.0,
            before: Callable[[int, str], None] | None = None,
-           warmup: bool = False) -> dict[str, list]:
+           warmup: bool = False) -> dict[str, list[dict[str, Any]]]:
         """Run every tool ``reps`` times, rotating the order each repetition.
 
         ``setup(rep)`` runs (untimed) once per repetition, ``before(rep, tool)`` before each
@@ -536,19 +536,19 @@ class Bench:
                       f"wire {sample.wire / MiB:8.2f} MiB", flush=True)
         return runs
 
-    def record(self, key: str, title: str, runs: dict[str, list], base: str | None = None,
+    def record(self, key: str, title: str, runs: dict[str, list[dict[str, Any]]],
+               base: str | None = None,
                **extra: Any) -> dict[str, Any]:
-        med = {t: {k: median(s[k] for s in rs) for k in ("wall", "cpu", "maxrss_mib", "wire")}
-               for t, rs in runs.items()}
+        med: dict[str, dict[str, float | None]] = {
+            t: {k: median(s[k] for s in rs) for k in ("wall", "cpu", "maxrss_mib", "wire")}
+            for t, rs in runs.items()}
         for t, rs in runs.items():
             rcpu = [s["remote_cpu"] for s in rs if s.get("remote_cpu") is not None]
             med[t]["remote_cpu"] = median(rcpu) if rcpu else None
             med[t]["min_wall"] = min(s["wall"] for s in rs)
-        ratios = {}
-        if base is not None:
-            for t in runs:
-                if t != base:
-                    ratios[f"{t}/{base}"] = med[t]["wall"] / med[base]["wall"]
+        walls = {t: median(s["wall"] for s in rs) for t, rs in runs.items()}
+        ratios = {f"{t}/{base}": walls[t] / walls[base] for t in runs
+                  if base is not None and t != base}
         step = {"title": title, "reps": len(next(iter(runs.values()))), "runs": runs,
                 "median": med, "ratios": ratios, **extra}
         self.results["steps"][key] = step
@@ -933,13 +933,24 @@ class Bench:
                 return self.run(self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"],
                                              state[0]))
 
+            def fs_noop(_r: int, local: Path = local, fs_dir: str = fs_dir,
+                        state: list[Path] = state) -> Sample:
+                return self.run(self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"],
+                                             state[0]))
+
+            def fsa_noop(_r: int, local: Path = local, fsa_dir: str = fsa_dir,
+                         state: list[Path] = state) -> Sample:
+                return self.fsa(self.fs_argv("push", local, [f"{self.box.alias}:{fsa_dir}"],
+                                             state[1]))
+
+            def rsync_push(_r: int, local: Path = local, rs_dir: str = rs_dir) -> Sample:
+                return self.run(self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/"))
+
+            def floor_push(_r: int, local: Path = local, floor_dir: str = floor_dir) -> Sample:
+                return self.run(self.floor_argv("push", floor_dir, str(local)))
+
             runs = self.ab(f"scale {label} init", self.cfg.n(f"scale_{label}_initial"), {
-                "filesync": fs_init,
-                AGENT: fsa_init,
-                "rsync": lambda r, local=local, rs_dir=rs_dir: self.run(
-                    self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/")),
-                FLOOR: lambda r, local=local, floor_dir=floor_dir: self.run(
-                    self.floor_argv("push", floor_dir, str(local))),
+                "filesync": fs_init, AGENT: fsa_init, "rsync": rsync_push, FLOOR: floor_push,
             }, setup)
             self.record(f"scale_{label}_initial", f"Initial push, {label} small files", runs,
                         base="rsync", files=n)
@@ -949,12 +960,7 @@ class Bench:
             self.verify(f"scale {label}: remote == local (filesync)", local,
                         self.remote(fs_dir))
             runs = self.ab(f"scale {label} no-op", self.cfg.n(f"scale_{label}_noop"), {
-                "filesync": lambda r, local=local, fs_dir=fs_dir, state=state: self.run(
-                    self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"], state[0])),
-                AGENT: lambda r, local=local, fsa_dir=fsa_dir, state=state: self.fsa(
-                    self.fs_argv("push", local, [f"{self.box.alias}:{fsa_dir}"], state[1])),
-                "rsync": lambda r, local=local, rs_dir=rs_dir: self.run(
-                    self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/")),
+                "filesync": fs_noop, AGENT: fsa_noop, "rsync": rsync_push,
             })
             self.record(f"scale_{label}_noop", f"No-op push, {label} small files", runs,
                         base="rsync", files=n)
@@ -1129,12 +1135,13 @@ class Bench:
         self.results["meta"] = meta(self.cfg, self.w)
         self.build_main()
         self.start_boxes(1)
-        steps = {"initial": self.step_initial, "noop": self.step_noop, "edit": self.step_edit,
-                 "pull": self.step_pull, "warm": self.step_warm, "scale": self.step_scale,
-                 "bigfile": self.step_bigfile, "fanout": self.step_fanout,
-                 "watch": self.step_watch,
-                 "unison": lambda: peers.step_unison(self),
-                 "disk": lambda: peers.step_disk(self, self.cfg.disk)}
+        steps: dict[str, Callable[[], None]] = {
+            "initial": self.step_initial, "noop": self.step_noop, "edit": self.step_edit,
+            "pull": self.step_pull, "warm": self.step_warm, "scale": self.step_scale,
+            "bigfile": self.step_bigfile, "fanout": self.step_fanout,
+            "watch": self.step_watch,
+            "unison": lambda: peers.step_unison(self),
+            "disk": lambda: peers.step_disk(self, self.cfg.disk)}
         needs_initial = {"noop", "edit", "pull", "warm"}
         selected = list(self.cfg.steps)
         if needs_initial & set(selected) and "initial" not in selected:
@@ -1166,20 +1173,32 @@ class Bench:
 # ---------------------------------------------------------------------------------------------
 
 
+def target_row(name: str, target: str, value: float | None, limit: float,
+               unit: str = "x") -> dict[str, Any]:
+    """One row of the targets table: met when ``value`` is at most ``limit``; unmeasured
+    (``met`` None) when the step did not run."""
+    if value is None:
+        return {"name": name, "target": target, "measured": None, "met": None}
+    shown = f"{value:.2f}x" if unit == "x" else f"{value:.1f} {unit}"
+    return {"name": name, "target": target, "value": round(value, 4), "limit": limit,
+            "measured": shown, "met": value <= limit}
+
+
+def step_ratio(steps: dict[str, Any], step: str, key: str) -> float | None:
+    """``step``'s ratio ``key`` (such as ``filesync/rsync``); None if it was not measured."""
+    value = steps.get(step, {}).get("ratios", {}).get(key)
+    return None if value is None else float(value)
+
+
 def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     steps = res["steps"]
     out: list[dict[str, Any]] = []
 
     def add(name: str, target: str, value: float | None, limit: float, unit: str = "x") -> None:
-        if value is None:
-            out.append({"name": name, "target": target, "measured": None, "met": None})
-            return
-        shown = f"{value:.2f}x" if unit == "x" else f"{value:.1f} {unit}"
-        out.append({"name": name, "target": target, "value": round(value, 4), "limit": limit,
-                    "measured": shown, "met": value <= limit})
+        out.append(target_row(name, target, value, limit, unit))
 
     def ratio(step: str, key: str) -> float | None:
-        return steps.get(step, {}).get("ratios", {}).get(key)
+        return step_ratio(steps, step, key)
 
     # The OpenSSH-transport issue's targets: the plain CLI (no agent, no master of the
     # user's), over both clients where the step runs both, plus the two --persist targets.
@@ -1241,14 +1260,10 @@ def peer_targets(steps: dict[str, Any], label: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(name: str, target: str, value: float | None, limit: float) -> None:
-        if value is None:
-            out.append({"name": name, "target": target, "measured": None, "met": None})
-            return
-        out.append({"name": name, "target": target, "value": round(value, 4), "limit": limit,
-                    "measured": f"{value:.2f}x", "met": value <= limit})
+        out.append(target_row(name, target, value, limit))
 
     def ratio(step: str, key: str) -> float | None:
-        return steps.get(step, {}).get("ratios", {}).get(key)
+        return step_ratio(steps, step, key)
 
     un = f"{peers.FS_SYNC}/{peers.UNISON}"
     add("no-op sync vs unison, 3k files", "<= 1.0x unison", ratio("unison_noop", un), 1.0)

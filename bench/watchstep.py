@@ -39,6 +39,7 @@ class Running:
     """A background command, its stdout lines timestamped as they come."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv = argv
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: list[tuple[float, str]] = []
@@ -55,7 +56,7 @@ class Running:
         while len(self.lines) < n:
             if self.proc.poll() is not None or time.monotonic() > end:
                 err = self.proc.stderr.read() if self.proc.stderr else ""
-                raise RuntimeError(f"{self.proc.args[:2]} gave {len(self.lines)} lines, "
+                raise RuntimeError(f"{self.argv[:2]} gave {len(self.lines)} lines, "
                                    f"waited for {n}: {err[-500:]}")
             time.sleep(0.01)
 
