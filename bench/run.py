@@ -93,11 +93,14 @@ class Config:
 
     @classmethod
     def full(cls) -> Config:
-        return cls(reps={"initial": 5, "noop": 7, "edit": 5, "pull": 5, "warm_noop": 11,
+        # The pull and the unison no-op and edit rounds take 9: their ratios sit within
+        # ~0.1x of their limits and floors, and a median of 5 took one run's slow reps
+        # whole (run-20261203-0535.json: filesync's pull 290-373 ms).
+        return cls(reps={"initial": 5, "noop": 7, "edit": 5, "pull": 9, "warm_noop": 11,
                          "warm_pull": 5, "scale_10k_initial": 3, "scale_10k_noop": 5,
                          "scale_100k_initial": 2, "scale_100k_noop": 3, "bigfile": 5,
-                         "fanout": 3, "fanout_noop": 3, "unison_first": 7, "unison_noop": 7,
-                         "unison_edit": 7, "disk_initial": 5, "disk_noop": 7, "disk_pull": 5,
+                         "fanout": 3, "fanout_noop": 3, "unison_first": 7, "unison_noop": 9,
+                         "unison_edit": 9, "disk_initial": 5, "disk_noop": 7, "disk_pull": 5,
                          "disk_unison_first": 3, "disk_unison_noop": 5, "disk_unison_edit": 3,
                          "disk_100k_initial": 3, "disk_100k_noop": 3})
 
