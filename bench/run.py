@@ -542,14 +542,15 @@ class Bench:
     def record(self, key: str, title: str, runs: dict[str, list[dict[str, Any]]],
                base: str | None = None,
                **extra: Any) -> dict[str, Any]:
+        walls = {t: median(s["wall"] for s in rs) for t, rs in runs.items()}
         med: dict[str, dict[str, float | None]] = {
-            t: {k: median(s[k] for s in rs) for k in ("wall", "cpu", "maxrss_mib", "wire")}
+            t: {"wall": walls[t], **{k: median(s[k] for s in rs)
+                                     for k in ("cpu", "maxrss_mib", "wire")}}
             for t, rs in runs.items()}
         for t, rs in runs.items():
             rcpu = [s["remote_cpu"] for s in rs if s.get("remote_cpu") is not None]
             med[t]["remote_cpu"] = median(rcpu) if rcpu else None
             med[t]["min_wall"] = min(s["wall"] for s in rs)
-        walls = {t: median(s["wall"] for s in rs) for t, rs in runs.items()}
         ratios = {f"{t}/{base}": walls[t] / walls[base] for t in runs
                   if base is not None and t != base}
         step = {"title": title, "reps": len(next(iter(runs.values()))), "runs": runs,
@@ -924,27 +925,26 @@ class Bench:
                 self.clear_remote(fsa_dir)
                 self.clear_remote(floor_dir)
 
-            def fsa_init(_r: int, local: Path = local, fsa_dir: str = fsa_dir,
+            # A push into the state the last one left (a fresh state first: the initial push)
+            def fs_push(_r: int, local: Path = local, fs_dir: str = fs_dir,
+                        state: list[Path] = state) -> Sample:
+                return self.run(self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"],
+                                             state[0]))
+
+            def fsa_push(_r: int, local: Path = local, fsa_dir: str = fsa_dir,
                          state: list[Path] = state) -> Sample:
-                state[1] = self.fresh_state()
                 return self.fsa(self.fs_argv("push", local, [f"{self.box.alias}:{fsa_dir}"],
                                              state[1]))
 
-            def fs_init(_r: int, local: Path = local, fs_dir: str = fs_dir,
-                        state: list[Path] = state) -> Sample:
+            def fs_init(r: int, state: list[Path] = state,
+                        push: Callable[[int], Sample] = fs_push) -> Sample:
                 state[0] = self.fresh_state()
-                return self.run(self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"],
-                                             state[0]))
+                return push(r)
 
-            def fs_noop(_r: int, local: Path = local, fs_dir: str = fs_dir,
-                        state: list[Path] = state) -> Sample:
-                return self.run(self.fs_argv("push", local, [f"{self.box.alias}:{fs_dir}"],
-                                             state[0]))
-
-            def fsa_noop(_r: int, local: Path = local, fsa_dir: str = fsa_dir,
-                         state: list[Path] = state) -> Sample:
-                return self.fsa(self.fs_argv("push", local, [f"{self.box.alias}:{fsa_dir}"],
-                                             state[1]))
+            def fsa_init(r: int, state: list[Path] = state,
+                         push: Callable[[int], Sample] = fsa_push) -> Sample:
+                state[1] = self.fresh_state()
+                return push(r)
 
             def rsync_push(_r: int, local: Path = local, rs_dir: str = rs_dir) -> Sample:
                 return self.run(self.rsync_argv(f"{local}/", f"{self.box.alias}:{rs_dir}/"))
@@ -963,7 +963,7 @@ class Bench:
             self.verify(f"scale {label}: remote == local (filesync)", local,
                         self.remote(fs_dir))
             runs = self.ab(f"scale {label} no-op", self.cfg.n(f"scale_{label}_noop"), {
-                "filesync": fs_noop, AGENT: fsa_noop, "rsync": rsync_push,
+                "filesync": fs_push, AGENT: fsa_push, "rsync": rsync_push,
             })
             self.record(f"scale_{label}_noop", f"No-op push, {label} small files", runs,
                         base="rsync", files=n)
